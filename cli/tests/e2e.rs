@@ -38,11 +38,16 @@ fn program(name: &str, source: &str) -> PathBuf {
 
 /// As [`program`], also linked with the shims `libs` (`-l:libcublas.so.13`, …).
 fn program_with(name: &str, source: &str, libs: &[&str]) -> PathBuf {
+    program_against("13.0", name, source, libs)
+}
+
+/// As [`program_with`], built against the runtime headers of CUDA `version`.
+fn program_against(version: &str, name: &str, source: &str, libs: &[&str]) -> PathBuf {
     let dir = chidori_tests::scratch(name);
     let src = dir.join(format!("{name}.c"));
     std::fs::write(&src, source).unwrap();
     let exe = dir.join(name);
-    let include = chidori_tests::runtime_headers("13.0");
+    let include = chidori_tests::runtime_headers(version);
     let stub = chidori_tests::root().join("headers/stub");
     let flags = [
         format!("-I{}", include.display()),
@@ -127,7 +132,7 @@ fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) -> Du
 fn the_version_matrix_passes_for_every_cuda_version() {
     let root = chidori_tests::root();
     let versions = xtask::matrix::versions(&root).unwrap();
-    assert_eq!(versions.len(), 6);
+    assert_eq!(versions.len(), 7);
     let built = chidori_tests::scratch("matrix");
     xtask::matrix::build(&root, &versions, &built, chidori_tests::shim_dir()).unwrap();
     let server = server();
@@ -5684,16 +5689,113 @@ fn dlopen_keeps_its_callers_search_path_and_hides_the_machines_video_engines() {
     );
 }
 
-/// CUDA 13.5's runtime, newer than the generator's versions: it also requires a private
-/// table of tool support (`TOOL_EXTRA` in `custom/export.rs`) before it answers anything.
-fn runtime_13_5() -> xtask::lock::Wheel {
-    xtask::lock::Wheel {
-        name: "nvidia-cuda-runtime".into(),
-        version: "13.5.37".into(),
-        file: "nvidia_cuda_runtime-13.5.37-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl".into(),
-        size: 2_504_024,
-        sha256: "df2b79a8852f10d1fef8c848489c49eebb5754051bf870202a862831412b179d".into(),
-    }
+/// CUDA 13.5's new entry points of both APIs, in a program built against its headers: host
+/// functions with a sync mode, single copies with attributes (1D both ways, 3D between
+/// pitched device memory) and parameter counts of a module's function and a registered kernel.
+const CUDA_13_5_CALLS: &str = r#"
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+typedef struct { int magic; int version; const void *data; void *filename_or_fatbins; } wrapper_t;
+extern void **__cudaRegisterFatBinary(void *);
+extern void __cudaRegisterFatBinaryEnd(void **);
+extern void __cudaRegisterFunction(void **, const char *, char *, const char *, int, void *, void *, void *, void *, int *);
+static wrapper_t wrapper = {0x466243b1, 1, fb, 0};
+static void host_stub(void) {}
+static void bump(void *p) { ++*(int *)p; }
+int main(void) {
+  void **h = __cudaRegisterFatBinary(&wrapper);
+  __cudaRegisterFunction(h, (const char *)host_stub, "_Z5otherPf", "_Z5otherPf", -1, 0, 0, 0, 0, 0);
+  __cudaRegisterFatBinaryEnd(h);
+  size_t count = 0;
+  CHECK(cudaFuncGetParamCount((const void *)host_stub, &count));
+  EXPECT(count == 1);
+  EXPECT(cudaFuncGetParamCount((const void *)host_stub, NULL) == cudaErrorInvalidValue);
+  cudaGetLastError();
+
+  CUmodule mod; CUfunction f;
+  EXPECT(cuModuleLoadData(&mod, fb) == CUDA_SUCCESS);
+  EXPECT(cuModuleGetFunction(&f, mod, "_Z5otherPf") == CUDA_SUCCESS);
+  count = 0;
+  EXPECT(cuFuncGetParamCount(f, &count) == CUDA_SUCCESS && count == 1);
+  EXPECT(cuFuncGetParamCount(NULL, &count) == CUDA_ERROR_INVALID_HANDLE);
+
+  cudaStream_t s;
+  CHECK(cudaStreamCreate(&s));
+  int runs = 0;
+  CHECK(cudaLaunchHostFunc_v2(s, bump, &runs, cudaHostTaskBlocking));
+  EXPECT(cuLaunchHostFunc_v2((CUstream)s, bump, &runs, CU_HOST_TASK_SPINWAIT) == CUDA_SUCCESS);
+  EXPECT(cudaLaunchHostFunc_v2(s, bump, &runs, 7) == cudaErrorInvalidValue);
+  cudaGetLastError();
+  CHECK(cudaStreamSynchronize(s));
+  EXPECT(runs == 2);
+
+  int host[256], back[256];
+  for (int i = 0; i < 256; ++i) host[i] = i * 7;
+  int *dev;
+  CHECK(cudaMalloc((void **)&dev, sizeof host));
+  struct cudaMemcpyAttributes attr;
+  memset(&attr, 0, sizeof attr);
+  attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+  CHECK(cudaMemcpyWithAttributesAsync(dev, host, sizeof host, &attr, s));
+  memset(back, 0, sizeof back);
+  CUmemcpyAttributes cu_attr;
+  memset(&cu_attr, 0, sizeof cu_attr);
+  cu_attr.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+  EXPECT(cuMemcpyWithAttributesAsync((CUdeviceptr)back, (CUdeviceptr)dev, sizeof back, &cu_attr, (CUstream)s) == CUDA_SUCCESS);
+  CHECK(cudaStreamSynchronize(s));
+  EXPECT(memcmp(host, back, sizeof host) == 0);
+  EXPECT(cudaMemcpyWithAttributesAsync(dev, host, sizeof host, NULL, s) == cudaErrorInvalidValue);
+  cudaGetLastError();
+
+  /* A 3D copy of 16 x 4 x 2 bytes between two pitched allocations, then the whole back. */
+  int *dev2;
+  CHECK(cudaMalloc((void **)&dev2, sizeof host));
+  CHECK(cudaMemset(dev2, 0, sizeof host));
+  struct cudaMemcpy3DBatchOp op;
+  memset(&op, 0, sizeof op);
+  op.src.type = cudaMemcpyOperandTypePointer;
+  op.src.op.ptr.ptr = dev;
+  op.src.op.ptr.rowLength = 64;
+  op.src.op.ptr.layerHeight = 8;
+  op.dst.type = cudaMemcpyOperandTypePointer;
+  op.dst.op.ptr.ptr = dev2;
+  op.dst.op.ptr.rowLength = 64;
+  op.dst.op.ptr.layerHeight = 8;
+  op.extent.width = 16; op.extent.height = 4; op.extent.depth = 2;
+  op.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+  CHECK(cudaMemcpy3DWithAttributesAsync(&op, 0, s));
+  CHECK(cudaStreamSynchronize(s));
+  CHECK(cudaMemcpy(back, dev2, sizeof back, cudaMemcpyDeviceToHost));
+  const unsigned char *a = (const unsigned char *)host, *b = (const unsigned char *)back;
+  int same = 1;
+  for (int z = 0; z < 2; ++z)
+    for (int y = 0; y < 8; ++y)
+      for (int x = 0; x < 64; ++x) {
+        size_t at = (size_t)z * 512 + (size_t)y * 64 + x;
+        int copied = x < 16 && y < 4;
+        if (b[at] != (copied ? a[at] : 0)) same = 0;
+      }
+  EXPECT(same);
+  printf("OK\n");
+  return 0;
+}
+"#;
+
+#[test]
+fn cuda_13_5_host_functions_copies_with_attributes_and_parameter_counts_work() {
+    let server = server();
+    let path = chidori_tests::root().join("tests/fixtures/fatbin/k_multi.fatbin");
+    let bytes: Vec<String> = std::fs::read(path).unwrap().iter().map(|b| b.to_string()).collect();
+    let image = format!(
+        "#include <string.h>\nstatic const unsigned char fb[] __attribute__((aligned(16))) = {{{}}};\n",
+        bytes.join(",")
+    );
+    let source = format!("{image}{CHECKS}{CUDA_13_5_CALLS}");
+    let exe = program_against("13.5", "cuda-13-5-calls", &source, &["-l:libcuda.so.1"]);
+    let out = run_cmd(&server.address, &exe).output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && stdout.trim() == "OK", "{stdout}\n{stderr}");
+    assert!(!stderr.contains("NOT_SUPPORTED"), "{stderr}");
 }
 
 #[test]
@@ -5704,11 +5806,12 @@ fn nvidias_runtime_runs_on_the_drivers_private_tables() {
     std::fs::write(&src, REAL_RUNTIME).unwrap();
     let exe = dir.join("real_runtime");
     chidori_tests::cc(&src, &exe, &["-ldl"]);
-    // The generator's newest locked runtime, and a newer one on the same (13.0) driver, as
-    // CUDA's minor version compatibility allows.
+    // The runtime of the driver's own version, and a newer one on the same (13.0) driver, as
+    // CUDA's minor version compatibility allows; 13.5's also requires a private table of tool
+    // support (`TOOL_EXTRA` in `custom/export.rs`) before it answers anything.
     let runtimes = [
         chidori_tests::runtime_library("13.0", "libcudart.so.13"),
-        chidori_tests::newer_runtime_library(&runtime_13_5(), "libcudart.so.13"),
+        chidori_tests::runtime_library("13.5", "libcudart.so.13"),
     ];
     for runtime in runtimes {
         let out = run_cmd(&server.address, &exe).arg(&runtime).output().unwrap();

@@ -4,7 +4,7 @@
 
 #[allow(unused_imports)]
 use core::ffi::c_void;
-///`cublasAlloc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasAlloc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasAlloc(
     n: i32,
@@ -14,7 +14,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasAlloc(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cublasAlloc",
-            version: "13.1",
+            version: "13.5",
             library: "cublas",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -28,7 +28,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasAlloc(
         crate::custom::cublas::legacy_alloc(&CTX, n, elemSize, devicePtr)
     }
 }
-///`cublasAsumEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasAsumEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasAsumEx(
     handle: *mut c_void,
@@ -56,7 +56,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasAsumEx(
         ) as u32
     }
 }
-///`cublasAsumEx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasAsumEx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasAsumEx_64(
     handle: *mut c_void,
@@ -84,7 +84,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasAsumEx_64(
         ) as u32
     }
 }
-///`cublasAxpyEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasAxpyEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasAxpyEx(
     handle: *mut c_void,
@@ -118,7 +118,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasAxpyEx(
         ) as u32
     }
 }
-///`cublasAxpyEx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasAxpyEx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasAxpyEx_64(
     handle: *mut c_void,
@@ -152,7 +152,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasAxpyEx_64(
         ) as u32
     }
 }
-///`cublasCaxpy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCaxpy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCaxpy(
     n: i32,
@@ -178,7 +178,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCaxpy(
         }
     }
 }
-///`cublasCaxpy_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCaxpy_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCaxpy_v2(
     handle: *mut c_void,
@@ -204,7 +204,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCaxpy_v2(
         ) as u32
     }
 }
-///`cublasCaxpy_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCaxpy_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCaxpy_v2_64(
     handle: *mut c_void,
@@ -230,7 +230,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCaxpy_v2_64(
         ) as u32
     }
 }
-///`cublasCcopy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCcopy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCcopy(
     n: i32,
@@ -254,7 +254,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCcopy(
         }
     }
 }
-///`cublasCcopy_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCcopy_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCcopy_v2(
     handle: *mut c_void,
@@ -278,7 +278,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCcopy_v2(
         ) as u32
     }
 }
-///`cublasCcopy_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCcopy_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCcopy_v2_64(
     handle: *mut c_void,
@@ -302,7 +302,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCcopy_v2_64(
         ) as u32
     }
 }
-///`cublasCdgmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCdgmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCdgmm(
     handle: *mut c_void,
@@ -334,7 +334,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCdgmm(
         ) as u32
     }
 }
-///`cublasCdgmm_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCdgmm_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCdgmm_64(
     handle: *mut c_void,
@@ -366,7 +366,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCdgmm_64(
         ) as u32
     }
 }
-///`cublasCdotc_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasCdotc_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCdotc_v2(
     handle: *mut c_void,
@@ -392,7 +392,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCdotc_v2(
         ) as u32
     }
 }
-///`cublasCdotc_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasCdotc_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCdotc_v2_64(
     handle: *mut c_void,
@@ -418,7 +418,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCdotc_v2_64(
         ) as u32
     }
 }
-///`cublasCdotu_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasCdotu_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCdotu_v2(
     handle: *mut c_void,
@@ -444,7 +444,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCdotu_v2(
         ) as u32
     }
 }
-///`cublasCdotu_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasCdotu_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCdotu_v2_64(
     handle: *mut c_void,
@@ -470,7 +470,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCdotu_v2_64(
         ) as u32
     }
 }
-///`cublasCgbmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCgbmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCgbmv(
     trans: i8,
@@ -510,7 +510,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCgbmv(
         }
     }
 }
-///`cublasCgbmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCgbmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCgbmv_v2(
     handle: *mut c_void,
@@ -550,7 +550,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCgbmv_v2(
         ) as u32
     }
 }
-///`cublasCgbmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCgbmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCgbmv_v2_64(
     handle: *mut c_void,
@@ -590,7 +590,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCgbmv_v2_64(
         ) as u32
     }
 }
-///`cublasCgeam` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCgeam` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCgeam(
     handle: *mut c_void,
@@ -628,7 +628,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCgeam(
         ) as u32
     }
 }
-///`cublasCgeam_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCgeam_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCgeam_64(
     handle: *mut c_void,
@@ -666,7 +666,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCgeam_64(
         ) as u32
     }
 }
-///`cublasCgelsBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasCgelsBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCgelsBatched(
     handle: *mut c_void,
@@ -702,7 +702,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCgelsBatched(
         ) as u32
     }
 }
-///`cublasCgemm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCgemm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCgemm(
     transa: i8,
@@ -742,7 +742,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCgemm(
         }
     }
 }
-///`cublasCgemm3m` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCgemm3m` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCgemm3m(
     handle: *mut c_void,
@@ -782,7 +782,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCgemm3m(
         ) as u32
     }
 }
-///`cublasCgemm3mBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCgemm3mBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCgemm3mBatched(
     handle: *mut c_void,
@@ -824,7 +824,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCgemm3mBatched(
         ) as u32
     }
 }
-///`cublasCgemm3mBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCgemm3mBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCgemm3mBatched_64(
     handle: *mut c_void,
@@ -866,7 +866,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCgemm3mBatched_64(
         ) as u32
     }
 }
-///`cublasCgemm3mEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCgemm3mEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCgemm3mEx(
     handle: *mut c_void,
@@ -912,7 +912,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCgemm3mEx(
         ) as u32
     }
 }
-///`cublasCgemm3mEx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCgemm3mEx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCgemm3mEx_64(
     handle: *mut c_void,
@@ -958,7 +958,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCgemm3mEx_64(
         ) as u32
     }
 }
-///`cublasCgemm3mStridedBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCgemm3mStridedBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCgemm3mStridedBatched(
     handle: *mut c_void,
@@ -1006,7 +1006,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCgemm3mStridedBatched(
         ) as u32
     }
 }
-///`cublasCgemm3mStridedBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCgemm3mStridedBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCgemm3mStridedBatched_64(
     handle: *mut c_void,
@@ -1054,7 +1054,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCgemm3mStridedBatched_64(
         ) as u32
     }
 }
-///`cublasCgemm3m_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCgemm3m_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCgemm3m_64(
     handle: *mut c_void,
@@ -1094,7 +1094,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCgemm3m_64(
         ) as u32
     }
 }
-///`cublasCgemmBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCgemmBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCgemmBatched(
     handle: *mut c_void,
@@ -1136,7 +1136,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCgemmBatched(
         ) as u32
     }
 }
-///`cublasCgemmBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCgemmBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCgemmBatched_64(
     handle: *mut c_void,
@@ -1178,7 +1178,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCgemmBatched_64(
         ) as u32
     }
 }
-///`cublasCgemmEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCgemmEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCgemmEx(
     handle: *mut c_void,
@@ -1224,7 +1224,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCgemmEx(
         ) as u32
     }
 }
-///`cublasCgemmEx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCgemmEx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCgemmEx_64(
     handle: *mut c_void,
@@ -1270,7 +1270,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCgemmEx_64(
         ) as u32
     }
 }
-///`cublasCgemmStridedBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCgemmStridedBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCgemmStridedBatched(
     handle: *mut c_void,
@@ -1318,7 +1318,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCgemmStridedBatched(
         ) as u32
     }
 }
-///`cublasCgemmStridedBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCgemmStridedBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCgemmStridedBatched_64(
     handle: *mut c_void,
@@ -1366,7 +1366,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCgemmStridedBatched_64(
         ) as u32
     }
 }
-///`cublasCgemm_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCgemm_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCgemm_v2(
     handle: *mut c_void,
@@ -1406,7 +1406,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCgemm_v2(
         ) as u32
     }
 }
-///`cublasCgemm_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCgemm_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCgemm_v2_64(
     handle: *mut c_void,
@@ -1446,7 +1446,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCgemm_v2_64(
         ) as u32
     }
 }
-///`cublasCgemv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCgemv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCgemv(
     trans: i8,
@@ -1482,7 +1482,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCgemv(
         }
     }
 }
-///`cublasCgemvBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCgemvBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCgemvBatched(
     handle: *mut c_void,
@@ -1520,7 +1520,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCgemvBatched(
         ) as u32
     }
 }
-///`cublasCgemvBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCgemvBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCgemvBatched_64(
     handle: *mut c_void,
@@ -1558,7 +1558,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCgemvBatched_64(
         ) as u32
     }
 }
-///`cublasCgemvStridedBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCgemvStridedBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCgemvStridedBatched(
     handle: *mut c_void,
@@ -1602,7 +1602,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCgemvStridedBatched(
         ) as u32
     }
 }
-///`cublasCgemvStridedBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCgemvStridedBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCgemvStridedBatched_64(
     handle: *mut c_void,
@@ -1646,7 +1646,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCgemvStridedBatched_64(
         ) as u32
     }
 }
-///`cublasCgemv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCgemv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCgemv_v2(
     handle: *mut c_void,
@@ -1682,7 +1682,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCgemv_v2(
         ) as u32
     }
 }
-///`cublasCgemv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCgemv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCgemv_v2_64(
     handle: *mut c_void,
@@ -1718,7 +1718,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCgemv_v2_64(
         ) as u32
     }
 }
-///`cublasCgeqrfBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasCgeqrfBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCgeqrfBatched(
     handle: *mut c_void,
@@ -1746,7 +1746,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCgeqrfBatched(
         ) as u32
     }
 }
-///`cublasCgerc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCgerc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCgerc(
     m: i32,
@@ -1778,7 +1778,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCgerc(
         }
     }
 }
-///`cublasCgerc_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCgerc_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCgerc_v2(
     handle: *mut c_void,
@@ -1810,7 +1810,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCgerc_v2(
         ) as u32
     }
 }
-///`cublasCgerc_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCgerc_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCgerc_v2_64(
     handle: *mut c_void,
@@ -1842,7 +1842,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCgerc_v2_64(
         ) as u32
     }
 }
-///`cublasCgeru` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCgeru` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCgeru(
     m: i32,
@@ -1874,7 +1874,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCgeru(
         }
     }
 }
-///`cublasCgeru_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCgeru_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCgeru_v2(
     handle: *mut c_void,
@@ -1906,7 +1906,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCgeru_v2(
         ) as u32
     }
 }
-///`cublasCgeru_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCgeru_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCgeru_v2_64(
     handle: *mut c_void,
@@ -1938,7 +1938,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCgeru_v2_64(
         ) as u32
     }
 }
-///`cublasCgetrfBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCgetrfBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCgetrfBatched(
     handle: *mut c_void,
@@ -1964,7 +1964,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCgetrfBatched(
         ) as u32
     }
 }
-///`cublasCgetriBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCgetriBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCgetriBatched(
     handle: *mut c_void,
@@ -1994,7 +1994,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCgetriBatched(
         ) as u32
     }
 }
-///`cublasCgetrsBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasCgetrsBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCgetrsBatched(
     handle: *mut c_void,
@@ -2028,7 +2028,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCgetrsBatched(
         ) as u32
     }
 }
-///`cublasChbmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasChbmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasChbmv(
     uplo: i8,
@@ -2064,7 +2064,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasChbmv(
         }
     }
 }
-///`cublasChbmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasChbmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasChbmv_v2(
     handle: *mut c_void,
@@ -2100,7 +2100,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasChbmv_v2(
         ) as u32
     }
 }
-///`cublasChbmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasChbmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasChbmv_v2_64(
     handle: *mut c_void,
@@ -2136,7 +2136,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasChbmv_v2_64(
         ) as u32
     }
 }
-///`cublasChemm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasChemm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasChemm(
     side: i8,
@@ -2174,7 +2174,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasChemm(
         }
     }
 }
-///`cublasChemm_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasChemm_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasChemm_v2(
     handle: *mut c_void,
@@ -2212,7 +2212,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasChemm_v2(
         ) as u32
     }
 }
-///`cublasChemm_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasChemm_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasChemm_v2_64(
     handle: *mut c_void,
@@ -2250,7 +2250,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasChemm_v2_64(
         ) as u32
     }
 }
-///`cublasChemv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasChemv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasChemv(
     uplo: i8,
@@ -2284,7 +2284,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasChemv(
         }
     }
 }
-///`cublasChemv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasChemv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasChemv_v2(
     handle: *mut c_void,
@@ -2318,7 +2318,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasChemv_v2(
         ) as u32
     }
 }
-///`cublasChemv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasChemv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasChemv_v2_64(
     handle: *mut c_void,
@@ -2352,7 +2352,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasChemv_v2_64(
         ) as u32
     }
 }
-///`cublasCher` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCher` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCher(
     uplo: i8,
@@ -2380,7 +2380,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCher(
         }
     }
 }
-///`cublasCher2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCher2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCher2(
     uplo: i8,
@@ -2412,7 +2412,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCher2(
         }
     }
 }
-///`cublasCher2_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCher2_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCher2_v2(
     handle: *mut c_void,
@@ -2444,7 +2444,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCher2_v2(
         ) as u32
     }
 }
-///`cublasCher2_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCher2_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCher2_v2_64(
     handle: *mut c_void,
@@ -2476,7 +2476,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCher2_v2_64(
         ) as u32
     }
 }
-///`cublasCher2k` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCher2k` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCher2k(
     uplo: i8,
@@ -2514,7 +2514,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCher2k(
         }
     }
 }
-///`cublasCher2k_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCher2k_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCher2k_v2(
     handle: *mut c_void,
@@ -2552,7 +2552,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCher2k_v2(
         ) as u32
     }
 }
-///`cublasCher2k_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCher2k_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCher2k_v2_64(
     handle: *mut c_void,
@@ -2590,7 +2590,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCher2k_v2_64(
         ) as u32
     }
 }
-///`cublasCher_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCher_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCher_v2(
     handle: *mut c_void,
@@ -2618,7 +2618,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCher_v2(
         ) as u32
     }
 }
-///`cublasCher_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCher_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCher_v2_64(
     handle: *mut c_void,
@@ -2646,7 +2646,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCher_v2_64(
         ) as u32
     }
 }
-///`cublasCherk` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCherk` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCherk(
     uplo: i8,
@@ -2680,7 +2680,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCherk(
         }
     }
 }
-///`cublasCherk3mEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCherk3mEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCherk3mEx(
     handle: *mut c_void,
@@ -2718,7 +2718,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCherk3mEx(
         ) as u32
     }
 }
-///`cublasCherk3mEx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCherk3mEx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCherk3mEx_64(
     handle: *mut c_void,
@@ -2756,7 +2756,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCherk3mEx_64(
         ) as u32
     }
 }
-///`cublasCherkEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCherkEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCherkEx(
     handle: *mut c_void,
@@ -2794,7 +2794,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCherkEx(
         ) as u32
     }
 }
-///`cublasCherkEx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCherkEx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCherkEx_64(
     handle: *mut c_void,
@@ -2832,7 +2832,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCherkEx_64(
         ) as u32
     }
 }
-///`cublasCherk_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCherk_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCherk_v2(
     handle: *mut c_void,
@@ -2866,7 +2866,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCherk_v2(
         ) as u32
     }
 }
-///`cublasCherk_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCherk_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCherk_v2_64(
     handle: *mut c_void,
@@ -2900,7 +2900,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCherk_v2_64(
         ) as u32
     }
 }
-///`cublasCherkx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCherkx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCherkx(
     handle: *mut c_void,
@@ -2938,7 +2938,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCherkx(
         ) as u32
     }
 }
-///`cublasCherkx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCherkx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCherkx_64(
     handle: *mut c_void,
@@ -2976,7 +2976,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCherkx_64(
         ) as u32
     }
 }
-///`cublasChpmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasChpmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasChpmv(
     uplo: i8,
@@ -3008,7 +3008,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasChpmv(
         }
     }
 }
-///`cublasChpmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasChpmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasChpmv_v2(
     handle: *mut c_void,
@@ -3040,7 +3040,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasChpmv_v2(
         ) as u32
     }
 }
-///`cublasChpmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasChpmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasChpmv_v2_64(
     handle: *mut c_void,
@@ -3072,7 +3072,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasChpmv_v2_64(
         ) as u32
     }
 }
-///`cublasChpr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasChpr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasChpr(
     uplo: i8,
@@ -3098,7 +3098,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasChpr(
         }
     }
 }
-///`cublasChpr2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasChpr2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasChpr2(
     uplo: i8,
@@ -3128,7 +3128,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasChpr2(
         }
     }
 }
-///`cublasChpr2_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasChpr2_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasChpr2_v2(
     handle: *mut c_void,
@@ -3158,7 +3158,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasChpr2_v2(
         ) as u32
     }
 }
-///`cublasChpr2_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasChpr2_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasChpr2_v2_64(
     handle: *mut c_void,
@@ -3188,7 +3188,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasChpr2_v2_64(
         ) as u32
     }
 }
-///`cublasChpr_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasChpr_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasChpr_v2(
     handle: *mut c_void,
@@ -3214,7 +3214,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasChpr_v2(
         ) as u32
     }
 }
-///`cublasChpr_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasChpr_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasChpr_v2_64(
     handle: *mut c_void,
@@ -3240,7 +3240,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasChpr_v2_64(
         ) as u32
     }
 }
-///`cublasCmatinvBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCmatinvBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCmatinvBatched(
     handle: *mut c_void,
@@ -3268,7 +3268,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCmatinvBatched(
         ) as u32
     }
 }
-///`cublasCopyEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCopyEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCopyEx(
     handle: *mut c_void,
@@ -3296,7 +3296,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCopyEx(
         ) as u32
     }
 }
-///`cublasCopyEx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCopyEx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCopyEx_64(
     handle: *mut c_void,
@@ -3324,12 +3324,12 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCopyEx_64(
         ) as u32
     }
 }
-///`cublasCreate_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasCreate_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCreate_v2(handle: *mut c_void) -> u32 {
     unsafe { crate::custom::cublas::cublasCreate_v2(handle) }
 }
-///`cublasCrot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCrot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCrot(
     n: i32,
@@ -3357,7 +3357,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCrot(
         }
     }
 }
-///`cublasCrot_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCrot_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCrot_v2(
     handle: *mut c_void,
@@ -3385,7 +3385,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCrot_v2(
         ) as u32
     }
 }
-///`cublasCrot_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCrot_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCrot_v2_64(
     handle: *mut c_void,
@@ -3413,7 +3413,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCrot_v2_64(
         ) as u32
     }
 }
-///`cublasCrotg` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasCrotg` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCrotg(
     ca: *mut c_void,
@@ -3435,7 +3435,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCrotg(
         }
     }
 }
-///`cublasCrotg_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasCrotg_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCrotg_v2(
     handle: *mut c_void,
@@ -3457,7 +3457,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCrotg_v2(
         ) as u32
     }
 }
-///`cublasCscal` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCscal` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCscal(
     n: i32,
@@ -3479,7 +3479,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCscal(
         }
     }
 }
-///`cublasCscal_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCscal_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCscal_v2(
     handle: *mut c_void,
@@ -3501,7 +3501,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCscal_v2(
         ) as u32
     }
 }
-///`cublasCscal_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCscal_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCscal_v2_64(
     handle: *mut c_void,
@@ -3523,7 +3523,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCscal_v2_64(
         ) as u32
     }
 }
-///`cublasCsrot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCsrot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCsrot(
     n: i32,
@@ -3551,7 +3551,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCsrot(
         }
     }
 }
-///`cublasCsrot_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCsrot_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCsrot_v2(
     handle: *mut c_void,
@@ -3579,7 +3579,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCsrot_v2(
         ) as u32
     }
 }
-///`cublasCsrot_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCsrot_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCsrot_v2_64(
     handle: *mut c_void,
@@ -3607,7 +3607,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCsrot_v2_64(
         ) as u32
     }
 }
-///`cublasCsscal` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCsscal` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCsscal(
     n: i32,
@@ -3629,7 +3629,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCsscal(
         }
     }
 }
-///`cublasCsscal_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCsscal_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCsscal_v2(
     handle: *mut c_void,
@@ -3651,7 +3651,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCsscal_v2(
         ) as u32
     }
 }
-///`cublasCsscal_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCsscal_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCsscal_v2_64(
     handle: *mut c_void,
@@ -3673,7 +3673,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCsscal_v2_64(
         ) as u32
     }
 }
-///`cublasCswap` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCswap` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCswap(
     n: i32,
@@ -3697,7 +3697,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCswap(
         }
     }
 }
-///`cublasCswap_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCswap_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCswap_v2(
     handle: *mut c_void,
@@ -3721,7 +3721,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCswap_v2(
         ) as u32
     }
 }
-///`cublasCswap_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCswap_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCswap_v2_64(
     handle: *mut c_void,
@@ -3745,7 +3745,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCswap_v2_64(
         ) as u32
     }
 }
-///`cublasCsymm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCsymm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCsymm(
     side: i8,
@@ -3783,7 +3783,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCsymm(
         }
     }
 }
-///`cublasCsymm_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCsymm_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCsymm_v2(
     handle: *mut c_void,
@@ -3821,7 +3821,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCsymm_v2(
         ) as u32
     }
 }
-///`cublasCsymm_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCsymm_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCsymm_v2_64(
     handle: *mut c_void,
@@ -3859,7 +3859,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCsymm_v2_64(
         ) as u32
     }
 }
-///`cublasCsymv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCsymv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCsymv_v2(
     handle: *mut c_void,
@@ -3893,7 +3893,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCsymv_v2(
         ) as u32
     }
 }
-///`cublasCsymv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCsymv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCsymv_v2_64(
     handle: *mut c_void,
@@ -3927,7 +3927,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCsymv_v2_64(
         ) as u32
     }
 }
-///`cublasCsyr2_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCsyr2_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCsyr2_v2(
     handle: *mut c_void,
@@ -3959,7 +3959,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCsyr2_v2(
         ) as u32
     }
 }
-///`cublasCsyr2_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCsyr2_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCsyr2_v2_64(
     handle: *mut c_void,
@@ -3991,7 +3991,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCsyr2_v2_64(
         ) as u32
     }
 }
-///`cublasCsyr2k` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCsyr2k` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCsyr2k(
     uplo: i8,
@@ -4029,7 +4029,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCsyr2k(
         }
     }
 }
-///`cublasCsyr2k_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCsyr2k_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCsyr2k_v2(
     handle: *mut c_void,
@@ -4067,7 +4067,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCsyr2k_v2(
         ) as u32
     }
 }
-///`cublasCsyr2k_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCsyr2k_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCsyr2k_v2_64(
     handle: *mut c_void,
@@ -4105,7 +4105,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCsyr2k_v2_64(
         ) as u32
     }
 }
-///`cublasCsyr_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCsyr_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCsyr_v2(
     handle: *mut c_void,
@@ -4133,7 +4133,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCsyr_v2(
         ) as u32
     }
 }
-///`cublasCsyr_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCsyr_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCsyr_v2_64(
     handle: *mut c_void,
@@ -4161,7 +4161,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCsyr_v2_64(
         ) as u32
     }
 }
-///`cublasCsyrk` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCsyrk` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCsyrk(
     uplo: i8,
@@ -4195,7 +4195,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCsyrk(
         }
     }
 }
-///`cublasCsyrk3mEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCsyrk3mEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCsyrk3mEx(
     handle: *mut c_void,
@@ -4233,7 +4233,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCsyrk3mEx(
         ) as u32
     }
 }
-///`cublasCsyrk3mEx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCsyrk3mEx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCsyrk3mEx_64(
     handle: *mut c_void,
@@ -4271,7 +4271,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCsyrk3mEx_64(
         ) as u32
     }
 }
-///`cublasCsyrkEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCsyrkEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCsyrkEx(
     handle: *mut c_void,
@@ -4309,7 +4309,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCsyrkEx(
         ) as u32
     }
 }
-///`cublasCsyrkEx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCsyrkEx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCsyrkEx_64(
     handle: *mut c_void,
@@ -4347,7 +4347,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCsyrkEx_64(
         ) as u32
     }
 }
-///`cublasCsyrk_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCsyrk_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCsyrk_v2(
     handle: *mut c_void,
@@ -4381,7 +4381,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCsyrk_v2(
         ) as u32
     }
 }
-///`cublasCsyrk_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCsyrk_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCsyrk_v2_64(
     handle: *mut c_void,
@@ -4415,7 +4415,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCsyrk_v2_64(
         ) as u32
     }
 }
-///`cublasCsyrkx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCsyrkx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCsyrkx(
     handle: *mut c_void,
@@ -4453,7 +4453,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCsyrkx(
         ) as u32
     }
 }
-///`cublasCsyrkx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCsyrkx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCsyrkx_64(
     handle: *mut c_void,
@@ -4491,7 +4491,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCsyrkx_64(
         ) as u32
     }
 }
-///`cublasCtbmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCtbmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCtbmv(
     uplo: i8,
@@ -4523,7 +4523,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCtbmv(
         }
     }
 }
-///`cublasCtbmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCtbmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCtbmv_v2(
     handle: *mut c_void,
@@ -4555,7 +4555,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCtbmv_v2(
         ) as u32
     }
 }
-///`cublasCtbmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCtbmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCtbmv_v2_64(
     handle: *mut c_void,
@@ -4587,7 +4587,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCtbmv_v2_64(
         ) as u32
     }
 }
-///`cublasCtbsv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCtbsv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCtbsv(
     uplo: i8,
@@ -4619,7 +4619,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCtbsv(
         }
     }
 }
-///`cublasCtbsv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCtbsv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCtbsv_v2(
     handle: *mut c_void,
@@ -4651,7 +4651,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCtbsv_v2(
         ) as u32
     }
 }
-///`cublasCtbsv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCtbsv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCtbsv_v2_64(
     handle: *mut c_void,
@@ -4683,7 +4683,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCtbsv_v2_64(
         ) as u32
     }
 }
-///`cublasCtpmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCtpmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCtpmv(
     uplo: i8,
@@ -4711,7 +4711,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCtpmv(
         }
     }
 }
-///`cublasCtpmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCtpmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCtpmv_v2(
     handle: *mut c_void,
@@ -4739,7 +4739,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCtpmv_v2(
         ) as u32
     }
 }
-///`cublasCtpmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCtpmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCtpmv_v2_64(
     handle: *mut c_void,
@@ -4767,7 +4767,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCtpmv_v2_64(
         ) as u32
     }
 }
-///`cublasCtpsv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCtpsv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCtpsv(
     uplo: i8,
@@ -4795,7 +4795,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCtpsv(
         }
     }
 }
-///`cublasCtpsv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCtpsv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCtpsv_v2(
     handle: *mut c_void,
@@ -4823,7 +4823,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCtpsv_v2(
         ) as u32
     }
 }
-///`cublasCtpsv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCtpsv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCtpsv_v2_64(
     handle: *mut c_void,
@@ -4851,7 +4851,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCtpsv_v2_64(
         ) as u32
     }
 }
-///`cublasCtpttr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCtpttr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCtpttr(
     handle: *mut c_void,
@@ -4875,7 +4875,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCtpttr(
         ) as u32
     }
 }
-///`cublasCtrmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCtrmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCtrmm(
     side: i8,
@@ -4911,7 +4911,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCtrmm(
         }
     }
 }
-///`cublasCtrmm_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCtrmm_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCtrmm_v2(
     handle: *mut c_void,
@@ -4951,7 +4951,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCtrmm_v2(
         ) as u32
     }
 }
-///`cublasCtrmm_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCtrmm_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCtrmm_v2_64(
     handle: *mut c_void,
@@ -4991,7 +4991,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCtrmm_v2_64(
         ) as u32
     }
 }
-///`cublasCtrmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCtrmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCtrmv(
     uplo: i8,
@@ -5021,7 +5021,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCtrmv(
         }
     }
 }
-///`cublasCtrmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCtrmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCtrmv_v2(
     handle: *mut c_void,
@@ -5051,7 +5051,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCtrmv_v2(
         ) as u32
     }
 }
-///`cublasCtrmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCtrmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCtrmv_v2_64(
     handle: *mut c_void,
@@ -5081,7 +5081,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCtrmv_v2_64(
         ) as u32
     }
 }
-///`cublasCtrsm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCtrsm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCtrsm(
     side: i8,
@@ -5117,7 +5117,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCtrsm(
         }
     }
 }
-///`cublasCtrsmBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCtrsmBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCtrsmBatched(
     handle: *mut c_void,
@@ -5155,7 +5155,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCtrsmBatched(
         ) as u32
     }
 }
-///`cublasCtrsmBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCtrsmBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCtrsmBatched_64(
     handle: *mut c_void,
@@ -5193,7 +5193,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCtrsmBatched_64(
         ) as u32
     }
 }
-///`cublasCtrsm_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCtrsm_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCtrsm_v2(
     handle: *mut c_void,
@@ -5229,7 +5229,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCtrsm_v2(
         ) as u32
     }
 }
-///`cublasCtrsm_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCtrsm_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCtrsm_v2_64(
     handle: *mut c_void,
@@ -5265,7 +5265,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCtrsm_v2_64(
         ) as u32
     }
 }
-///`cublasCtrsv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCtrsv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCtrsv(
     uplo: i8,
@@ -5295,7 +5295,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCtrsv(
         }
     }
 }
-///`cublasCtrsv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCtrsv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCtrsv_v2(
     handle: *mut c_void,
@@ -5325,7 +5325,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCtrsv_v2(
         ) as u32
     }
 }
-///`cublasCtrsv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCtrsv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCtrsv_v2_64(
     handle: *mut c_void,
@@ -5355,7 +5355,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCtrsv_v2_64(
         ) as u32
     }
 }
-///`cublasCtrttp` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasCtrttp` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasCtrttp(
     handle: *mut c_void,
@@ -5379,7 +5379,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasCtrttp(
         ) as u32
     }
 }
-///`cublasDasum` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasDasum` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDasum(
     n: i32,
@@ -5395,7 +5395,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDasum(
         )
     }
 }
-///`cublasDasum_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasDasum_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDasum_v2(
     handle: *mut c_void,
@@ -5417,7 +5417,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDasum_v2(
         ) as u32
     }
 }
-///`cublasDasum_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasDasum_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDasum_v2_64(
     handle: *mut c_void,
@@ -5439,7 +5439,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDasum_v2_64(
         ) as u32
     }
 }
-///`cublasDaxpy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDaxpy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDaxpy(
     n: i32,
@@ -5465,7 +5465,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDaxpy(
         }
     }
 }
-///`cublasDaxpy_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDaxpy_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDaxpy_v2(
     handle: *mut c_void,
@@ -5491,7 +5491,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDaxpy_v2(
         ) as u32
     }
 }
-///`cublasDaxpy_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDaxpy_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDaxpy_v2_64(
     handle: *mut c_void,
@@ -5517,7 +5517,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDaxpy_v2_64(
         ) as u32
     }
 }
-///`cublasDcopy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDcopy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDcopy(
     n: i32,
@@ -5541,7 +5541,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDcopy(
         }
     }
 }
-///`cublasDcopy_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDcopy_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDcopy_v2(
     handle: *mut c_void,
@@ -5565,7 +5565,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDcopy_v2(
         ) as u32
     }
 }
-///`cublasDcopy_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDcopy_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDcopy_v2_64(
     handle: *mut c_void,
@@ -5589,7 +5589,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDcopy_v2_64(
         ) as u32
     }
 }
-///`cublasDdgmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDdgmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDdgmm(
     handle: *mut c_void,
@@ -5621,7 +5621,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDdgmm(
         ) as u32
     }
 }
-///`cublasDdgmm_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDdgmm_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDdgmm_64(
     handle: *mut c_void,
@@ -5653,7 +5653,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDdgmm_64(
         ) as u32
     }
 }
-///`cublasDdot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasDdot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDdot(
     n: i32,
@@ -5677,7 +5677,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDdot(
         )
     }
 }
-///`cublasDdot_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasDdot_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDdot_v2(
     handle: *mut c_void,
@@ -5703,7 +5703,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDdot_v2(
         ) as u32
     }
 }
-///`cublasDdot_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasDdot_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDdot_v2_64(
     handle: *mut c_void,
@@ -5729,7 +5729,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDdot_v2_64(
         ) as u32
     }
 }
-///`cublasDestroy_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDestroy_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDestroy_v2(handle: *mut c_void) -> u32 {
     unsafe {
@@ -5739,7 +5739,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDestroy_v2(handle: *mut c_void) 
         ) as u32
     }
 }
-///`cublasDgbmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDgbmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDgbmv(
     trans: i8,
@@ -5779,7 +5779,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDgbmv(
         }
     }
 }
-///`cublasDgbmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDgbmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDgbmv_v2(
     handle: *mut c_void,
@@ -5819,7 +5819,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDgbmv_v2(
         ) as u32
     }
 }
-///`cublasDgbmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDgbmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDgbmv_v2_64(
     handle: *mut c_void,
@@ -5859,7 +5859,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDgbmv_v2_64(
         ) as u32
     }
 }
-///`cublasDgeam` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDgeam` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDgeam(
     handle: *mut c_void,
@@ -5897,7 +5897,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDgeam(
         ) as u32
     }
 }
-///`cublasDgeam_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDgeam_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDgeam_64(
     handle: *mut c_void,
@@ -5935,7 +5935,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDgeam_64(
         ) as u32
     }
 }
-///`cublasDgelsBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasDgelsBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDgelsBatched(
     handle: *mut c_void,
@@ -5971,7 +5971,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDgelsBatched(
         ) as u32
     }
 }
-///`cublasDgemm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDgemm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDgemm(
     transa: i8,
@@ -6011,7 +6011,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDgemm(
         }
     }
 }
-///`cublasDgemmBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDgemmBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDgemmBatched(
     handle: *mut c_void,
@@ -6053,7 +6053,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDgemmBatched(
         ) as u32
     }
 }
-///`cublasDgemmBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDgemmBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDgemmBatched_64(
     handle: *mut c_void,
@@ -6095,7 +6095,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDgemmBatched_64(
         ) as u32
     }
 }
-///`cublasDgemmGroupedBatched` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDgemmGroupedBatched` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDgemmGroupedBatched(
     handle: *mut c_void,
@@ -6139,7 +6139,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDgemmGroupedBatched(
         ) as u32
     }
 }
-///`cublasDgemmGroupedBatched_64` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDgemmGroupedBatched_64` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDgemmGroupedBatched_64(
     handle: *mut c_void,
@@ -6183,7 +6183,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDgemmGroupedBatched_64(
         ) as u32
     }
 }
-///`cublasDgemmStridedBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDgemmStridedBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDgemmStridedBatched(
     handle: *mut c_void,
@@ -6231,7 +6231,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDgemmStridedBatched(
         ) as u32
     }
 }
-///`cublasDgemmStridedBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDgemmStridedBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDgemmStridedBatched_64(
     handle: *mut c_void,
@@ -6279,7 +6279,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDgemmStridedBatched_64(
         ) as u32
     }
 }
-///`cublasDgemm_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDgemm_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDgemm_v2(
     handle: *mut c_void,
@@ -6319,7 +6319,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDgemm_v2(
         ) as u32
     }
 }
-///`cublasDgemm_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDgemm_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDgemm_v2_64(
     handle: *mut c_void,
@@ -6359,7 +6359,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDgemm_v2_64(
         ) as u32
     }
 }
-///`cublasDgemv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDgemv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDgemv(
     trans: i8,
@@ -6395,7 +6395,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDgemv(
         }
     }
 }
-///`cublasDgemvBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDgemvBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDgemvBatched(
     handle: *mut c_void,
@@ -6433,7 +6433,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDgemvBatched(
         ) as u32
     }
 }
-///`cublasDgemvBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDgemvBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDgemvBatched_64(
     handle: *mut c_void,
@@ -6471,7 +6471,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDgemvBatched_64(
         ) as u32
     }
 }
-///`cublasDgemvStridedBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDgemvStridedBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDgemvStridedBatched(
     handle: *mut c_void,
@@ -6515,7 +6515,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDgemvStridedBatched(
         ) as u32
     }
 }
-///`cublasDgemvStridedBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDgemvStridedBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDgemvStridedBatched_64(
     handle: *mut c_void,
@@ -6559,7 +6559,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDgemvStridedBatched_64(
         ) as u32
     }
 }
-///`cublasDgemv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDgemv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDgemv_v2(
     handle: *mut c_void,
@@ -6595,7 +6595,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDgemv_v2(
         ) as u32
     }
 }
-///`cublasDgemv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDgemv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDgemv_v2_64(
     handle: *mut c_void,
@@ -6631,7 +6631,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDgemv_v2_64(
         ) as u32
     }
 }
-///`cublasDgeqrfBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasDgeqrfBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDgeqrfBatched(
     handle: *mut c_void,
@@ -6659,7 +6659,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDgeqrfBatched(
         ) as u32
     }
 }
-///`cublasDger` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDger` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDger(
     m: i32,
@@ -6691,7 +6691,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDger(
         }
     }
 }
-///`cublasDger_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDger_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDger_v2(
     handle: *mut c_void,
@@ -6723,7 +6723,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDger_v2(
         ) as u32
     }
 }
-///`cublasDger_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDger_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDger_v2_64(
     handle: *mut c_void,
@@ -6755,7 +6755,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDger_v2_64(
         ) as u32
     }
 }
-///`cublasDgetrfBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDgetrfBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDgetrfBatched(
     handle: *mut c_void,
@@ -6781,7 +6781,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDgetrfBatched(
         ) as u32
     }
 }
-///`cublasDgetriBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDgetriBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDgetriBatched(
     handle: *mut c_void,
@@ -6811,7 +6811,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDgetriBatched(
         ) as u32
     }
 }
-///`cublasDgetrsBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasDgetrsBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDgetrsBatched(
     handle: *mut c_void,
@@ -6845,7 +6845,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDgetrsBatched(
         ) as u32
     }
 }
-///`cublasDmatinvBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDmatinvBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDmatinvBatched(
     handle: *mut c_void,
@@ -6873,7 +6873,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDmatinvBatched(
         ) as u32
     }
 }
-///`cublasDnrm2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasDnrm2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDnrm2(
     n: i32,
@@ -6889,7 +6889,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDnrm2(
         )
     }
 }
-///`cublasDnrm2_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasDnrm2_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDnrm2_v2(
     handle: *mut c_void,
@@ -6911,7 +6911,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDnrm2_v2(
         ) as u32
     }
 }
-///`cublasDnrm2_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasDnrm2_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDnrm2_v2_64(
     handle: *mut c_void,
@@ -6933,7 +6933,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDnrm2_v2_64(
         ) as u32
     }
 }
-///`cublasDotEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasDotEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDotEx(
     handle: *mut c_void,
@@ -6967,7 +6967,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDotEx(
         ) as u32
     }
 }
-///`cublasDotEx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasDotEx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDotEx_64(
     handle: *mut c_void,
@@ -7001,7 +7001,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDotEx_64(
         ) as u32
     }
 }
-///`cublasDotcEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasDotcEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDotcEx(
     handle: *mut c_void,
@@ -7035,7 +7035,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDotcEx(
         ) as u32
     }
 }
-///`cublasDotcEx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasDotcEx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDotcEx_64(
     handle: *mut c_void,
@@ -7069,7 +7069,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDotcEx_64(
         ) as u32
     }
 }
-///`cublasDrot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDrot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDrot(
     n: i32,
@@ -7097,7 +7097,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDrot(
         }
     }
 }
-///`cublasDrot_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDrot_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDrot_v2(
     handle: *mut c_void,
@@ -7125,7 +7125,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDrot_v2(
         ) as u32
     }
 }
-///`cublasDrot_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDrot_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDrot_v2_64(
     handle: *mut c_void,
@@ -7153,7 +7153,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDrot_v2_64(
         ) as u32
     }
 }
-///`cublasDrotg` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasDrotg` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDrotg(
     sa: *mut c_void,
@@ -7175,7 +7175,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDrotg(
         }
     }
 }
-///`cublasDrotg_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasDrotg_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDrotg_v2(
     handle: *mut c_void,
@@ -7197,7 +7197,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDrotg_v2(
         ) as u32
     }
 }
-///`cublasDrotm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDrotm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDrotm(
     n: i32,
@@ -7223,7 +7223,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDrotm(
         }
     }
 }
-///`cublasDrotm_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDrotm_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDrotm_v2(
     handle: *mut c_void,
@@ -7249,7 +7249,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDrotm_v2(
         ) as u32
     }
 }
-///`cublasDrotm_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDrotm_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDrotm_v2_64(
     handle: *mut c_void,
@@ -7275,7 +7275,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDrotm_v2_64(
         ) as u32
     }
 }
-///`cublasDrotmg` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasDrotmg` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDrotmg(
     sd1: *mut c_void,
@@ -7299,7 +7299,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDrotmg(
         }
     }
 }
-///`cublasDrotmg_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasDrotmg_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDrotmg_v2(
     handle: *mut c_void,
@@ -7323,7 +7323,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDrotmg_v2(
         ) as u32
     }
 }
-///`cublasDsbmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDsbmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDsbmv(
     uplo: i8,
@@ -7359,7 +7359,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDsbmv(
         }
     }
 }
-///`cublasDsbmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDsbmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDsbmv_v2(
     handle: *mut c_void,
@@ -7395,7 +7395,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDsbmv_v2(
         ) as u32
     }
 }
-///`cublasDsbmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDsbmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDsbmv_v2_64(
     handle: *mut c_void,
@@ -7431,7 +7431,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDsbmv_v2_64(
         ) as u32
     }
 }
-///`cublasDscal` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDscal` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDscal(
     n: i32,
@@ -7453,7 +7453,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDscal(
         }
     }
 }
-///`cublasDscal_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDscal_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDscal_v2(
     handle: *mut c_void,
@@ -7475,7 +7475,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDscal_v2(
         ) as u32
     }
 }
-///`cublasDscal_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDscal_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDscal_v2_64(
     handle: *mut c_void,
@@ -7497,7 +7497,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDscal_v2_64(
         ) as u32
     }
 }
-///`cublasDspmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDspmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDspmv(
     uplo: i8,
@@ -7529,7 +7529,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDspmv(
         }
     }
 }
-///`cublasDspmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDspmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDspmv_v2(
     handle: *mut c_void,
@@ -7561,7 +7561,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDspmv_v2(
         ) as u32
     }
 }
-///`cublasDspmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDspmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDspmv_v2_64(
     handle: *mut c_void,
@@ -7593,7 +7593,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDspmv_v2_64(
         ) as u32
     }
 }
-///`cublasDspr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDspr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDspr(
     uplo: i8,
@@ -7619,7 +7619,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDspr(
         }
     }
 }
-///`cublasDspr2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDspr2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDspr2(
     uplo: i8,
@@ -7649,7 +7649,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDspr2(
         }
     }
 }
-///`cublasDspr2_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDspr2_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDspr2_v2(
     handle: *mut c_void,
@@ -7679,7 +7679,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDspr2_v2(
         ) as u32
     }
 }
-///`cublasDspr2_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDspr2_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDspr2_v2_64(
     handle: *mut c_void,
@@ -7709,7 +7709,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDspr2_v2_64(
         ) as u32
     }
 }
-///`cublasDspr_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDspr_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDspr_v2(
     handle: *mut c_void,
@@ -7735,7 +7735,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDspr_v2(
         ) as u32
     }
 }
-///`cublasDspr_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDspr_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDspr_v2_64(
     handle: *mut c_void,
@@ -7761,7 +7761,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDspr_v2_64(
         ) as u32
     }
 }
-///`cublasDswap` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDswap` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDswap(
     n: i32,
@@ -7785,7 +7785,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDswap(
         }
     }
 }
-///`cublasDswap_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDswap_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDswap_v2(
     handle: *mut c_void,
@@ -7809,7 +7809,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDswap_v2(
         ) as u32
     }
 }
-///`cublasDswap_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDswap_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDswap_v2_64(
     handle: *mut c_void,
@@ -7833,7 +7833,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDswap_v2_64(
         ) as u32
     }
 }
-///`cublasDsymm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDsymm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDsymm(
     side: i8,
@@ -7871,7 +7871,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDsymm(
         }
     }
 }
-///`cublasDsymm_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDsymm_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDsymm_v2(
     handle: *mut c_void,
@@ -7909,7 +7909,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDsymm_v2(
         ) as u32
     }
 }
-///`cublasDsymm_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDsymm_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDsymm_v2_64(
     handle: *mut c_void,
@@ -7947,7 +7947,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDsymm_v2_64(
         ) as u32
     }
 }
-///`cublasDsymv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDsymv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDsymv(
     uplo: i8,
@@ -7981,7 +7981,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDsymv(
         }
     }
 }
-///`cublasDsymv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDsymv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDsymv_v2(
     handle: *mut c_void,
@@ -8015,7 +8015,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDsymv_v2(
         ) as u32
     }
 }
-///`cublasDsymv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDsymv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDsymv_v2_64(
     handle: *mut c_void,
@@ -8049,7 +8049,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDsymv_v2_64(
         ) as u32
     }
 }
-///`cublasDsyr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDsyr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDsyr(
     uplo: i8,
@@ -8077,7 +8077,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDsyr(
         }
     }
 }
-///`cublasDsyr2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDsyr2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDsyr2(
     uplo: i8,
@@ -8109,7 +8109,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDsyr2(
         }
     }
 }
-///`cublasDsyr2_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDsyr2_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDsyr2_v2(
     handle: *mut c_void,
@@ -8141,7 +8141,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDsyr2_v2(
         ) as u32
     }
 }
-///`cublasDsyr2_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDsyr2_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDsyr2_v2_64(
     handle: *mut c_void,
@@ -8173,7 +8173,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDsyr2_v2_64(
         ) as u32
     }
 }
-///`cublasDsyr2k` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDsyr2k` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDsyr2k(
     uplo: i8,
@@ -8211,7 +8211,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDsyr2k(
         }
     }
 }
-///`cublasDsyr2k_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDsyr2k_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDsyr2k_v2(
     handle: *mut c_void,
@@ -8249,7 +8249,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDsyr2k_v2(
         ) as u32
     }
 }
-///`cublasDsyr2k_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDsyr2k_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDsyr2k_v2_64(
     handle: *mut c_void,
@@ -8287,7 +8287,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDsyr2k_v2_64(
         ) as u32
     }
 }
-///`cublasDsyr_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDsyr_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDsyr_v2(
     handle: *mut c_void,
@@ -8315,7 +8315,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDsyr_v2(
         ) as u32
     }
 }
-///`cublasDsyr_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDsyr_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDsyr_v2_64(
     handle: *mut c_void,
@@ -8343,7 +8343,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDsyr_v2_64(
         ) as u32
     }
 }
-///`cublasDsyrk` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDsyrk` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDsyrk(
     uplo: i8,
@@ -8377,7 +8377,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDsyrk(
         }
     }
 }
-///`cublasDsyrk_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDsyrk_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDsyrk_v2(
     handle: *mut c_void,
@@ -8411,7 +8411,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDsyrk_v2(
         ) as u32
     }
 }
-///`cublasDsyrk_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDsyrk_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDsyrk_v2_64(
     handle: *mut c_void,
@@ -8445,7 +8445,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDsyrk_v2_64(
         ) as u32
     }
 }
-///`cublasDsyrkx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDsyrkx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDsyrkx(
     handle: *mut c_void,
@@ -8483,7 +8483,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDsyrkx(
         ) as u32
     }
 }
-///`cublasDsyrkx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDsyrkx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDsyrkx_64(
     handle: *mut c_void,
@@ -8521,7 +8521,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDsyrkx_64(
         ) as u32
     }
 }
-///`cublasDtbmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDtbmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDtbmv(
     uplo: i8,
@@ -8553,7 +8553,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDtbmv(
         }
     }
 }
-///`cublasDtbmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDtbmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDtbmv_v2(
     handle: *mut c_void,
@@ -8585,7 +8585,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDtbmv_v2(
         ) as u32
     }
 }
-///`cublasDtbmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDtbmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDtbmv_v2_64(
     handle: *mut c_void,
@@ -8617,7 +8617,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDtbmv_v2_64(
         ) as u32
     }
 }
-///`cublasDtbsv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDtbsv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDtbsv(
     uplo: i8,
@@ -8649,7 +8649,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDtbsv(
         }
     }
 }
-///`cublasDtbsv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDtbsv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDtbsv_v2(
     handle: *mut c_void,
@@ -8681,7 +8681,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDtbsv_v2(
         ) as u32
     }
 }
-///`cublasDtbsv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDtbsv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDtbsv_v2_64(
     handle: *mut c_void,
@@ -8713,7 +8713,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDtbsv_v2_64(
         ) as u32
     }
 }
-///`cublasDtpmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDtpmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDtpmv(
     uplo: i8,
@@ -8741,7 +8741,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDtpmv(
         }
     }
 }
-///`cublasDtpmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDtpmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDtpmv_v2(
     handle: *mut c_void,
@@ -8769,7 +8769,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDtpmv_v2(
         ) as u32
     }
 }
-///`cublasDtpmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDtpmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDtpmv_v2_64(
     handle: *mut c_void,
@@ -8797,7 +8797,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDtpmv_v2_64(
         ) as u32
     }
 }
-///`cublasDtpsv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDtpsv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDtpsv(
     uplo: i8,
@@ -8825,7 +8825,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDtpsv(
         }
     }
 }
-///`cublasDtpsv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDtpsv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDtpsv_v2(
     handle: *mut c_void,
@@ -8853,7 +8853,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDtpsv_v2(
         ) as u32
     }
 }
-///`cublasDtpsv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDtpsv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDtpsv_v2_64(
     handle: *mut c_void,
@@ -8881,7 +8881,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDtpsv_v2_64(
         ) as u32
     }
 }
-///`cublasDtpttr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDtpttr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDtpttr(
     handle: *mut c_void,
@@ -8905,7 +8905,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDtpttr(
         ) as u32
     }
 }
-///`cublasDtrmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDtrmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDtrmm(
     side: i8,
@@ -8941,7 +8941,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDtrmm(
         }
     }
 }
-///`cublasDtrmm_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDtrmm_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDtrmm_v2(
     handle: *mut c_void,
@@ -8981,7 +8981,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDtrmm_v2(
         ) as u32
     }
 }
-///`cublasDtrmm_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDtrmm_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDtrmm_v2_64(
     handle: *mut c_void,
@@ -9021,7 +9021,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDtrmm_v2_64(
         ) as u32
     }
 }
-///`cublasDtrmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDtrmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDtrmv(
     uplo: i8,
@@ -9051,7 +9051,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDtrmv(
         }
     }
 }
-///`cublasDtrmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDtrmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDtrmv_v2(
     handle: *mut c_void,
@@ -9081,7 +9081,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDtrmv_v2(
         ) as u32
     }
 }
-///`cublasDtrmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDtrmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDtrmv_v2_64(
     handle: *mut c_void,
@@ -9111,7 +9111,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDtrmv_v2_64(
         ) as u32
     }
 }
-///`cublasDtrsm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDtrsm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDtrsm(
     side: i8,
@@ -9147,7 +9147,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDtrsm(
         }
     }
 }
-///`cublasDtrsmBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDtrsmBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDtrsmBatched(
     handle: *mut c_void,
@@ -9185,7 +9185,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDtrsmBatched(
         ) as u32
     }
 }
-///`cublasDtrsmBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDtrsmBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDtrsmBatched_64(
     handle: *mut c_void,
@@ -9223,7 +9223,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDtrsmBatched_64(
         ) as u32
     }
 }
-///`cublasDtrsm_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDtrsm_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDtrsm_v2(
     handle: *mut c_void,
@@ -9259,7 +9259,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDtrsm_v2(
         ) as u32
     }
 }
-///`cublasDtrsm_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDtrsm_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDtrsm_v2_64(
     handle: *mut c_void,
@@ -9295,7 +9295,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDtrsm_v2_64(
         ) as u32
     }
 }
-///`cublasDtrsv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDtrsv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDtrsv(
     uplo: i8,
@@ -9325,7 +9325,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDtrsv(
         }
     }
 }
-///`cublasDtrsv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDtrsv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDtrsv_v2(
     handle: *mut c_void,
@@ -9355,7 +9355,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDtrsv_v2(
         ) as u32
     }
 }
-///`cublasDtrsv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDtrsv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDtrsv_v2_64(
     handle: *mut c_void,
@@ -9385,7 +9385,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDtrsv_v2_64(
         ) as u32
     }
 }
-///`cublasDtrttp` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasDtrttp` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDtrttp(
     handle: *mut c_void,
@@ -9409,7 +9409,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDtrttp(
         ) as u32
     }
 }
-///`cublasDzasum` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasDzasum` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDzasum(
     n: i32,
@@ -9425,7 +9425,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDzasum(
         )
     }
 }
-///`cublasDzasum_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasDzasum_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDzasum_v2(
     handle: *mut c_void,
@@ -9447,7 +9447,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDzasum_v2(
         ) as u32
     }
 }
-///`cublasDzasum_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasDzasum_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDzasum_v2_64(
     handle: *mut c_void,
@@ -9469,7 +9469,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDzasum_v2_64(
         ) as u32
     }
 }
-///`cublasDznrm2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasDznrm2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDznrm2(
     n: i32,
@@ -9485,7 +9485,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDznrm2(
         )
     }
 }
-///`cublasDznrm2_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasDznrm2_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDznrm2_v2(
     handle: *mut c_void,
@@ -9507,7 +9507,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDznrm2_v2(
         ) as u32
     }
 }
-///`cublasDznrm2_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasDznrm2_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDznrm2_v2_64(
     handle: *mut c_void,
@@ -9529,13 +9529,13 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDznrm2_v2_64(
         ) as u32
     }
 }
-///`cublasFree` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasFree` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasFree(devicePtr: *mut c_void) -> u32 {
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cublasFree",
-            version: "13.1",
+            version: "13.5",
             library: "cublas",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -9549,7 +9549,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasFree(devicePtr: *mut c_void) -> 
         crate::custom::cublas::legacy_free(&CTX, devicePtr)
     }
 }
-///`cublasGemmBatchedEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasGemmBatchedEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasGemmBatchedEx(
     handle: *mut c_void,
@@ -9601,7 +9601,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasGemmBatchedEx(
         ) as u32
     }
 }
-///`cublasGemmBatchedEx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasGemmBatchedEx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasGemmBatchedEx_64(
     handle: *mut c_void,
@@ -9653,7 +9653,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasGemmBatchedEx_64(
         ) as u32
     }
 }
-///`cublasGemmEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasGemmEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasGemmEx(
     handle: *mut c_void,
@@ -9703,7 +9703,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasGemmEx(
         ) as u32
     }
 }
-///`cublasGemmEx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasGemmEx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasGemmEx_64(
     handle: *mut c_void,
@@ -9753,7 +9753,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasGemmEx_64(
         ) as u32
     }
 }
-///`cublasGemmGroupedBatchedEx` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasGemmGroupedBatchedEx` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasGemmGroupedBatchedEx(
     handle: *mut c_void,
@@ -9805,7 +9805,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasGemmGroupedBatchedEx(
         ) as u32
     }
 }
-///`cublasGemmGroupedBatchedEx_64` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasGemmGroupedBatchedEx_64` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasGemmGroupedBatchedEx_64(
     handle: *mut c_void,
@@ -9857,7 +9857,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasGemmGroupedBatchedEx_64(
         ) as u32
     }
 }
-///`cublasGemmStridedBatchedEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasGemmStridedBatchedEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasGemmStridedBatchedEx(
     handle: *mut c_void,
@@ -9915,7 +9915,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasGemmStridedBatchedEx(
         ) as u32
     }
 }
-///`cublasGemmStridedBatchedEx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasGemmStridedBatchedEx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasGemmStridedBatchedEx_64(
     handle: *mut c_void,
@@ -9973,7 +9973,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasGemmStridedBatchedEx_64(
         ) as u32
     }
 }
-///`cublasGetAtomicsMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasGetAtomicsMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasGetAtomicsMode(
     handle: *mut c_void,
@@ -9986,7 +9986,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasGetAtomicsMode(
         ) as u32
     }
 }
-///`cublasGetCudartVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasGetCudartVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasGetCudartVersion() -> usize {
     unsafe {
@@ -9994,7 +9994,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasGetCudartVersion() -> usize {
             as usize
     }
 }
-///`cublasGetEmulationStrategy` for CUDA 13.0, 13.1 (sync).
+///`cublasGetEmulationStrategy` for CUDA 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasGetEmulationStrategy(
     handle: *mut c_void,
@@ -10007,14 +10007,14 @@ pub unsafe extern "C" fn __chidori_cublas_cublasGetEmulationStrategy(
         ) as u32
     }
 }
-///`cublasGetError` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasGetError` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasGetError() -> u32 {
     unsafe {
         crate::runtime::call(&chidori_cuda::calls::cublas::cublasGetError, &[]) as u32
     }
 }
-///`cublasGetMathMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasGetMathMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasGetMathMode(
     handle: *mut c_void,
@@ -10022,7 +10022,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasGetMathMode(
 ) -> u32 {
     unsafe { crate::custom::cublas::cublasGetMathMode(handle, mode) }
 }
-///`cublasGetMatrix` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasGetMatrix` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasGetMatrix(
     rows: i32,
@@ -10037,7 +10037,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasGetMatrix(
         crate::custom::cublas::cublasGetMatrix(rows, cols, elemSize, A, lda, B, ldb)
     }
 }
-///`cublasGetMatrixAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasGetMatrixAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasGetMatrixAsync(
     rows: i32,
@@ -10062,7 +10062,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasGetMatrixAsync(
         )
     }
 }
-///`cublasGetMatrixAsync_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasGetMatrixAsync_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasGetMatrixAsync_64(
     rows: i64,
@@ -10087,7 +10087,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasGetMatrixAsync_64(
         )
     }
 }
-///`cublasGetMatrix_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasGetMatrix_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasGetMatrix_64(
     rows: i64,
@@ -10102,7 +10102,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasGetMatrix_64(
         crate::custom::cublas::cublasGetMatrix_64(rows, cols, elemSize, A, lda, B, ldb)
     }
 }
-///`cublasGetPointerMode_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasGetPointerMode_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasGetPointerMode_v2(
     handle: *mut c_void,
@@ -10115,7 +10115,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasGetPointerMode_v2(
         ) as u32
     }
 }
-///`cublasGetProperty` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasGetProperty` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasGetProperty(
     r#type: u32,
@@ -10128,7 +10128,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasGetProperty(
         ) as u32
     }
 }
-///`cublasGetSmCountTarget` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasGetSmCountTarget` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasGetSmCountTarget(
     handle: *mut c_void,
@@ -10141,28 +10141,28 @@ pub unsafe extern "C" fn __chidori_cublas_cublasGetSmCountTarget(
         ) as u32
     }
 }
-///`cublasGetStatusName` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local, generated).
+///`cublasGetStatusName` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local, generated).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasGetStatusName(
     status: u32,
 ) -> *mut c_void {
-    unsafe { crate::runtime::error_name("13.1", "cublas", status as i64) as *mut c_void }
+    unsafe { crate::runtime::error_name("13.5", "cublas", status as i64) as *mut c_void }
 }
-///`cublasGetStatusString` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local, generated).
+///`cublasGetStatusString` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local, generated).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasGetStatusString(
     status: u32,
 ) -> *mut c_void {
     unsafe {
         crate::runtime::error_string(
-            "13.1",
+            "13.5",
             "cublas",
             "cublasGetStatusString",
             status as i64,
         ) as *mut c_void
     }
 }
-///`cublasGetStream_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasGetStream_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasGetStream_v2(
     handle: *mut c_void,
@@ -10175,7 +10175,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasGetStream_v2(
         ) as u32
     }
 }
-///`cublasGetVector` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasGetVector` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasGetVector(
     n: i32,
@@ -10187,7 +10187,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasGetVector(
 ) -> u32 {
     unsafe { crate::custom::cublas::cublasGetVector(n, elemSize, x, incx, y, incy) }
 }
-///`cublasGetVectorAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasGetVectorAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasGetVectorAsync(
     n: i32,
@@ -10210,7 +10210,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasGetVectorAsync(
         )
     }
 }
-///`cublasGetVectorAsync_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasGetVectorAsync_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasGetVectorAsync_64(
     n: i64,
@@ -10233,7 +10233,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasGetVectorAsync_64(
         )
     }
 }
-///`cublasGetVector_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasGetVector_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasGetVector_64(
     n: i64,
@@ -10245,7 +10245,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasGetVector_64(
 ) -> u32 {
     unsafe { crate::custom::cublas::cublasGetVector_64(n, elemSize, x, incx, y, incy) }
 }
-///`cublasGetVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasGetVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasGetVersion(version: *mut c_void) -> u32 {
     unsafe {
@@ -10255,7 +10255,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasGetVersion(version: *mut c_void)
         ) as u32
     }
 }
-///`cublasGetVersion_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasGetVersion_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasGetVersion_v2(
     handle: *mut c_void,
@@ -10268,7 +10268,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasGetVersion_v2(
         ) as u32
     }
 }
-///`cublasIamaxEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasIamaxEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasIamaxEx(
     handle: *mut c_void,
@@ -10292,7 +10292,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasIamaxEx(
         ) as u32
     }
 }
-///`cublasIamaxEx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasIamaxEx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasIamaxEx_64(
     handle: *mut c_void,
@@ -10316,7 +10316,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasIamaxEx_64(
         ) as u32
     }
 }
-///`cublasIaminEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasIaminEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasIaminEx(
     handle: *mut c_void,
@@ -10340,7 +10340,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasIaminEx(
         ) as u32
     }
 }
-///`cublasIaminEx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasIaminEx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasIaminEx_64(
     handle: *mut c_void,
@@ -10364,7 +10364,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasIaminEx_64(
         ) as u32
     }
 }
-///`cublasIcamax` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasIcamax` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasIcamax(
     n: i32,
@@ -10378,7 +10378,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasIcamax(
         ) as i32
     }
 }
-///`cublasIcamax_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasIcamax_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasIcamax_v2(
     handle: *mut c_void,
@@ -10400,7 +10400,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasIcamax_v2(
         ) as u32
     }
 }
-///`cublasIcamax_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasIcamax_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasIcamax_v2_64(
     handle: *mut c_void,
@@ -10422,7 +10422,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasIcamax_v2_64(
         ) as u32
     }
 }
-///`cublasIcamin` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasIcamin` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasIcamin(
     n: i32,
@@ -10436,7 +10436,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasIcamin(
         ) as i32
     }
 }
-///`cublasIcamin_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasIcamin_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasIcamin_v2(
     handle: *mut c_void,
@@ -10458,7 +10458,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasIcamin_v2(
         ) as u32
     }
 }
-///`cublasIcamin_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasIcamin_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasIcamin_v2_64(
     handle: *mut c_void,
@@ -10480,7 +10480,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasIcamin_v2_64(
         ) as u32
     }
 }
-///`cublasIdamax` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasIdamax` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasIdamax(
     n: i32,
@@ -10494,7 +10494,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasIdamax(
         ) as i32
     }
 }
-///`cublasIdamax_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasIdamax_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasIdamax_v2(
     handle: *mut c_void,
@@ -10516,7 +10516,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasIdamax_v2(
         ) as u32
     }
 }
-///`cublasIdamax_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasIdamax_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasIdamax_v2_64(
     handle: *mut c_void,
@@ -10538,7 +10538,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasIdamax_v2_64(
         ) as u32
     }
 }
-///`cublasIdamin` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasIdamin` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasIdamin(
     n: i32,
@@ -10552,7 +10552,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasIdamin(
         ) as i32
     }
 }
-///`cublasIdamin_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasIdamin_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasIdamin_v2(
     handle: *mut c_void,
@@ -10574,7 +10574,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasIdamin_v2(
         ) as u32
     }
 }
-///`cublasIdamin_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasIdamin_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasIdamin_v2_64(
     handle: *mut c_void,
@@ -10596,12 +10596,12 @@ pub unsafe extern "C" fn __chidori_cublas_cublasIdamin_v2_64(
         ) as u32
     }
 }
-///`cublasInit` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasInit` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasInit() -> u32 {
     unsafe { crate::runtime::call(&chidori_cuda::calls::cublas::cublasInit, &[]) as u32 }
 }
-///`cublasIsamax` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasIsamax` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasIsamax(
     n: i32,
@@ -10615,7 +10615,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasIsamax(
         ) as i32
     }
 }
-///`cublasIsamax_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasIsamax_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasIsamax_v2(
     handle: *mut c_void,
@@ -10637,7 +10637,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasIsamax_v2(
         ) as u32
     }
 }
-///`cublasIsamax_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasIsamax_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasIsamax_v2_64(
     handle: *mut c_void,
@@ -10659,7 +10659,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasIsamax_v2_64(
         ) as u32
     }
 }
-///`cublasIsamin` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasIsamin` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasIsamin(
     n: i32,
@@ -10673,7 +10673,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasIsamin(
         ) as i32
     }
 }
-///`cublasIsamin_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasIsamin_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasIsamin_v2(
     handle: *mut c_void,
@@ -10695,7 +10695,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasIsamin_v2(
         ) as u32
     }
 }
-///`cublasIsamin_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasIsamin_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasIsamin_v2_64(
     handle: *mut c_void,
@@ -10717,7 +10717,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasIsamin_v2_64(
         ) as u32
     }
 }
-///`cublasIzamax` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasIzamax` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasIzamax(
     n: i32,
@@ -10731,7 +10731,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasIzamax(
         ) as i32
     }
 }
-///`cublasIzamax_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasIzamax_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasIzamax_v2(
     handle: *mut c_void,
@@ -10753,7 +10753,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasIzamax_v2(
         ) as u32
     }
 }
-///`cublasIzamax_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasIzamax_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasIzamax_v2_64(
     handle: *mut c_void,
@@ -10775,7 +10775,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasIzamax_v2_64(
         ) as u32
     }
 }
-///`cublasIzamin` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasIzamin` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasIzamin(
     n: i32,
@@ -10789,7 +10789,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasIzamin(
         ) as i32
     }
 }
-///`cublasIzamin_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasIzamin_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasIzamin_v2(
     handle: *mut c_void,
@@ -10811,7 +10811,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasIzamin_v2(
         ) as u32
     }
 }
-///`cublasIzamin_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasIzamin_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasIzamin_v2_64(
     handle: *mut c_void,
@@ -10833,7 +10833,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasIzamin_v2_64(
         ) as u32
     }
 }
-///`cublasNrm2Ex` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasNrm2Ex` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasNrm2Ex(
     handle: *mut c_void,
@@ -10861,7 +10861,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasNrm2Ex(
         ) as u32
     }
 }
-///`cublasNrm2Ex_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasNrm2Ex_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasNrm2Ex_64(
     handle: *mut c_void,
@@ -10889,7 +10889,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasNrm2Ex_64(
         ) as u32
     }
 }
-///`cublasRotEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasRotEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasRotEx(
     handle: *mut c_void,
@@ -10925,7 +10925,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasRotEx(
         ) as u32
     }
 }
-///`cublasRotEx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasRotEx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasRotEx_64(
     handle: *mut c_void,
@@ -10961,7 +10961,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasRotEx_64(
         ) as u32
     }
 }
-///`cublasRotmEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasRotmEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasRotmEx(
     handle: *mut c_void,
@@ -10995,7 +10995,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasRotmEx(
         ) as u32
     }
 }
-///`cublasRotmEx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasRotmEx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasRotmEx_64(
     handle: *mut c_void,
@@ -11029,7 +11029,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasRotmEx_64(
         ) as u32
     }
 }
-///`cublasRotmgEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasRotmgEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasRotmgEx(
     handle: *mut c_void,
@@ -11065,7 +11065,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasRotmgEx(
         ) as u32
     }
 }
-///`cublasSasum` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasSasum` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSasum(
     n: i32,
@@ -11081,7 +11081,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSasum(
         )
     }
 }
-///`cublasSasum_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasSasum_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSasum_v2(
     handle: *mut c_void,
@@ -11103,7 +11103,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSasum_v2(
         ) as u32
     }
 }
-///`cublasSasum_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasSasum_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSasum_v2_64(
     handle: *mut c_void,
@@ -11125,7 +11125,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSasum_v2_64(
         ) as u32
     }
 }
-///`cublasSaxpy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSaxpy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSaxpy(
     n: i32,
@@ -11151,7 +11151,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSaxpy(
         }
     }
 }
-///`cublasSaxpy_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSaxpy_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSaxpy_v2(
     handle: *mut c_void,
@@ -11177,7 +11177,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSaxpy_v2(
         ) as u32
     }
 }
-///`cublasSaxpy_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSaxpy_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSaxpy_v2_64(
     handle: *mut c_void,
@@ -11203,7 +11203,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSaxpy_v2_64(
         ) as u32
     }
 }
-///`cublasScalEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasScalEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasScalEx(
     handle: *mut c_void,
@@ -11231,7 +11231,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasScalEx(
         ) as u32
     }
 }
-///`cublasScalEx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasScalEx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasScalEx_64(
     handle: *mut c_void,
@@ -11259,7 +11259,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasScalEx_64(
         ) as u32
     }
 }
-///`cublasScasum` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasScasum` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasScasum(
     n: i32,
@@ -11275,7 +11275,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasScasum(
         )
     }
 }
-///`cublasScasum_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasScasum_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasScasum_v2(
     handle: *mut c_void,
@@ -11297,7 +11297,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasScasum_v2(
         ) as u32
     }
 }
-///`cublasScasum_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasScasum_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasScasum_v2_64(
     handle: *mut c_void,
@@ -11319,7 +11319,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasScasum_v2_64(
         ) as u32
     }
 }
-///`cublasScnrm2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasScnrm2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasScnrm2(
     n: i32,
@@ -11335,7 +11335,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasScnrm2(
         )
     }
 }
-///`cublasScnrm2_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasScnrm2_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasScnrm2_v2(
     handle: *mut c_void,
@@ -11357,7 +11357,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasScnrm2_v2(
         ) as u32
     }
 }
-///`cublasScnrm2_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasScnrm2_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasScnrm2_v2_64(
     handle: *mut c_void,
@@ -11379,7 +11379,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasScnrm2_v2_64(
         ) as u32
     }
 }
-///`cublasScopy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasScopy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasScopy(
     n: i32,
@@ -11403,7 +11403,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasScopy(
         }
     }
 }
-///`cublasScopy_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasScopy_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasScopy_v2(
     handle: *mut c_void,
@@ -11427,7 +11427,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasScopy_v2(
         ) as u32
     }
 }
-///`cublasScopy_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasScopy_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasScopy_v2_64(
     handle: *mut c_void,
@@ -11451,7 +11451,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasScopy_v2_64(
         ) as u32
     }
 }
-///`cublasSdgmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSdgmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSdgmm(
     handle: *mut c_void,
@@ -11483,7 +11483,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSdgmm(
         ) as u32
     }
 }
-///`cublasSdgmm_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSdgmm_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSdgmm_64(
     handle: *mut c_void,
@@ -11515,7 +11515,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSdgmm_64(
         ) as u32
     }
 }
-///`cublasSdot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasSdot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSdot(
     n: i32,
@@ -11539,7 +11539,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSdot(
         )
     }
 }
-///`cublasSdot_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasSdot_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSdot_v2(
     handle: *mut c_void,
@@ -11565,7 +11565,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSdot_v2(
         ) as u32
     }
 }
-///`cublasSdot_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasSdot_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSdot_v2_64(
     handle: *mut c_void,
@@ -11591,7 +11591,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSdot_v2_64(
         ) as u32
     }
 }
-///`cublasSetAtomicsMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSetAtomicsMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSetAtomicsMode(
     handle: *mut c_void,
@@ -11604,7 +11604,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSetAtomicsMode(
         ) as u32
     }
 }
-///`cublasSetEmulationSpecialValuesSupport` for CUDA 13.1 (async).
+///`cublasSetEmulationSpecialValuesSupport` for CUDA 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSetEmulationSpecialValuesSupport(
     handle: *mut c_void,
@@ -11617,7 +11617,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSetEmulationSpecialValuesSupport
         ) as u32
     }
 }
-///`cublasSetEmulationStrategy` for CUDA 13.0, 13.1 (async).
+///`cublasSetEmulationStrategy` for CUDA 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSetEmulationStrategy(
     handle: *mut c_void,
@@ -11630,7 +11630,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSetEmulationStrategy(
         ) as u32
     }
 }
-///`cublasSetFixedPointEmulationMantissaBitOffset` for CUDA 13.1 (async).
+///`cublasSetFixedPointEmulationMantissaBitOffset` for CUDA 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSetFixedPointEmulationMantissaBitOffset(
     handle: *mut c_void,
@@ -11643,7 +11643,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSetFixedPointEmulationMantissaBi
         ) as u32
     }
 }
-///`cublasSetFixedPointEmulationMantissaControl` for CUDA 13.1 (async).
+///`cublasSetFixedPointEmulationMantissaControl` for CUDA 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSetFixedPointEmulationMantissaControl(
     handle: *mut c_void,
@@ -11656,7 +11656,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSetFixedPointEmulationMantissaCo
         ) as u32
     }
 }
-///`cublasSetFixedPointEmulationMaxMantissaBitCount` for CUDA 13.1 (async).
+///`cublasSetFixedPointEmulationMaxMantissaBitCount` for CUDA 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSetFixedPointEmulationMaxMantissaBitCount(
     handle: *mut c_void,
@@ -11669,7 +11669,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSetFixedPointEmulationMaxMantiss
         ) as u32
     }
 }
-///`cublasSetKernelStream` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSetKernelStream` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSetKernelStream(
     stream: *mut c_void,
@@ -11681,7 +11681,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSetKernelStream(
         ) as u32
     }
 }
-///`cublasSetMathMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasSetMathMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSetMathMode(
     handle: *mut c_void,
@@ -11689,7 +11689,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSetMathMode(
 ) -> u32 {
     unsafe { crate::custom::cublas::cublasSetMathMode(handle, mode) }
 }
-///`cublasSetMatrix` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasSetMatrix` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSetMatrix(
     rows: i32,
@@ -11704,7 +11704,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSetMatrix(
         crate::custom::cublas::cublasSetMatrix(rows, cols, elemSize, A, lda, B, ldb)
     }
 }
-///`cublasSetMatrixAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasSetMatrixAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSetMatrixAsync(
     rows: i32,
@@ -11729,7 +11729,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSetMatrixAsync(
         )
     }
 }
-///`cublasSetMatrixAsync_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasSetMatrixAsync_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSetMatrixAsync_64(
     rows: i64,
@@ -11754,7 +11754,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSetMatrixAsync_64(
         )
     }
 }
-///`cublasSetMatrix_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasSetMatrix_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSetMatrix_64(
     rows: i64,
@@ -11769,7 +11769,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSetMatrix_64(
         crate::custom::cublas::cublasSetMatrix_64(rows, cols, elemSize, A, lda, B, ldb)
     }
 }
-///`cublasSetPointerMode_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasSetPointerMode_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSetPointerMode_v2(
     handle: *mut c_void,
@@ -11777,7 +11777,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSetPointerMode_v2(
 ) -> u32 {
     unsafe { crate::custom::cublas::cublasSetPointerMode_v2(handle, mode) }
 }
-///`cublasSetSmCountTarget` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSetSmCountTarget` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSetSmCountTarget(
     handle: *mut c_void,
@@ -11790,7 +11790,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSetSmCountTarget(
         ) as u32
     }
 }
-///`cublasSetStream_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSetStream_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSetStream_v2(
     handle: *mut c_void,
@@ -11803,7 +11803,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSetStream_v2(
         ) as u32
     }
 }
-///`cublasSetVector` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasSetVector` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSetVector(
     n: i32,
@@ -11817,7 +11817,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSetVector(
         crate::custom::cublas::cublasSetVector(n, elemSize, x, incx, devicePtr, incy)
     }
 }
-///`cublasSetVectorAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasSetVectorAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSetVectorAsync(
     n: i32,
@@ -11840,7 +11840,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSetVectorAsync(
         )
     }
 }
-///`cublasSetVectorAsync_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasSetVectorAsync_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSetVectorAsync_64(
     n: i64,
@@ -11863,7 +11863,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSetVectorAsync_64(
         )
     }
 }
-///`cublasSetVector_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasSetVector_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSetVector_64(
     n: i64,
@@ -11877,7 +11877,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSetVector_64(
         crate::custom::cublas::cublasSetVector_64(n, elemSize, x, incx, devicePtr, incy)
     }
 }
-///`cublasSetWorkspace_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSetWorkspace_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSetWorkspace_v2(
     handle: *mut c_void,
@@ -11895,7 +11895,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSetWorkspace_v2(
         ) as u32
     }
 }
-///`cublasSgbmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSgbmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSgbmv(
     trans: i8,
@@ -11935,7 +11935,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSgbmv(
         }
     }
 }
-///`cublasSgbmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSgbmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSgbmv_v2(
     handle: *mut c_void,
@@ -11975,7 +11975,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSgbmv_v2(
         ) as u32
     }
 }
-///`cublasSgbmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSgbmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSgbmv_v2_64(
     handle: *mut c_void,
@@ -12015,7 +12015,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSgbmv_v2_64(
         ) as u32
     }
 }
-///`cublasSgeam` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSgeam` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSgeam(
     handle: *mut c_void,
@@ -12053,7 +12053,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSgeam(
         ) as u32
     }
 }
-///`cublasSgeam_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSgeam_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSgeam_64(
     handle: *mut c_void,
@@ -12091,7 +12091,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSgeam_64(
         ) as u32
     }
 }
-///`cublasSgelsBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasSgelsBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSgelsBatched(
     handle: *mut c_void,
@@ -12127,7 +12127,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSgelsBatched(
         ) as u32
     }
 }
-///`cublasSgemm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSgemm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSgemm(
     transa: i8,
@@ -12167,7 +12167,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSgemm(
         }
     }
 }
-///`cublasSgemmBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSgemmBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSgemmBatched(
     handle: *mut c_void,
@@ -12209,7 +12209,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSgemmBatched(
         ) as u32
     }
 }
-///`cublasSgemmBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSgemmBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSgemmBatched_64(
     handle: *mut c_void,
@@ -12251,7 +12251,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSgemmBatched_64(
         ) as u32
     }
 }
-///`cublasSgemmEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSgemmEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSgemmEx(
     handle: *mut c_void,
@@ -12297,7 +12297,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSgemmEx(
         ) as u32
     }
 }
-///`cublasSgemmEx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSgemmEx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSgemmEx_64(
     handle: *mut c_void,
@@ -12343,7 +12343,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSgemmEx_64(
         ) as u32
     }
 }
-///`cublasSgemmGroupedBatched` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSgemmGroupedBatched` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSgemmGroupedBatched(
     handle: *mut c_void,
@@ -12387,7 +12387,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSgemmGroupedBatched(
         ) as u32
     }
 }
-///`cublasSgemmGroupedBatched_64` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSgemmGroupedBatched_64` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSgemmGroupedBatched_64(
     handle: *mut c_void,
@@ -12431,7 +12431,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSgemmGroupedBatched_64(
         ) as u32
     }
 }
-///`cublasSgemmStridedBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSgemmStridedBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSgemmStridedBatched(
     handle: *mut c_void,
@@ -12479,7 +12479,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSgemmStridedBatched(
         ) as u32
     }
 }
-///`cublasSgemmStridedBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSgemmStridedBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSgemmStridedBatched_64(
     handle: *mut c_void,
@@ -12527,7 +12527,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSgemmStridedBatched_64(
         ) as u32
     }
 }
-///`cublasSgemm_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSgemm_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSgemm_v2(
     handle: *mut c_void,
@@ -12567,7 +12567,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSgemm_v2(
         ) as u32
     }
 }
-///`cublasSgemm_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSgemm_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSgemm_v2_64(
     handle: *mut c_void,
@@ -12607,7 +12607,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSgemm_v2_64(
         ) as u32
     }
 }
-///`cublasSgemv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSgemv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSgemv(
     trans: i8,
@@ -12643,7 +12643,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSgemv(
         }
     }
 }
-///`cublasSgemvBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSgemvBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSgemvBatched(
     handle: *mut c_void,
@@ -12681,7 +12681,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSgemvBatched(
         ) as u32
     }
 }
-///`cublasSgemvBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSgemvBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSgemvBatched_64(
     handle: *mut c_void,
@@ -12719,7 +12719,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSgemvBatched_64(
         ) as u32
     }
 }
-///`cublasSgemvStridedBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSgemvStridedBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSgemvStridedBatched(
     handle: *mut c_void,
@@ -12763,7 +12763,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSgemvStridedBatched(
         ) as u32
     }
 }
-///`cublasSgemvStridedBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSgemvStridedBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSgemvStridedBatched_64(
     handle: *mut c_void,
@@ -12807,7 +12807,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSgemvStridedBatched_64(
         ) as u32
     }
 }
-///`cublasSgemv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSgemv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSgemv_v2(
     handle: *mut c_void,
@@ -12843,7 +12843,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSgemv_v2(
         ) as u32
     }
 }
-///`cublasSgemv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSgemv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSgemv_v2_64(
     handle: *mut c_void,
@@ -12879,7 +12879,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSgemv_v2_64(
         ) as u32
     }
 }
-///`cublasSgeqrfBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasSgeqrfBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSgeqrfBatched(
     handle: *mut c_void,
@@ -12907,7 +12907,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSgeqrfBatched(
         ) as u32
     }
 }
-///`cublasSger` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSger` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSger(
     m: i32,
@@ -12939,7 +12939,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSger(
         }
     }
 }
-///`cublasSger_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSger_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSger_v2(
     handle: *mut c_void,
@@ -12971,7 +12971,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSger_v2(
         ) as u32
     }
 }
-///`cublasSger_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSger_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSger_v2_64(
     handle: *mut c_void,
@@ -13003,7 +13003,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSger_v2_64(
         ) as u32
     }
 }
-///`cublasSgetrfBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSgetrfBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSgetrfBatched(
     handle: *mut c_void,
@@ -13029,7 +13029,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSgetrfBatched(
         ) as u32
     }
 }
-///`cublasSgetriBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSgetriBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSgetriBatched(
     handle: *mut c_void,
@@ -13059,7 +13059,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSgetriBatched(
         ) as u32
     }
 }
-///`cublasSgetrsBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasSgetrsBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSgetrsBatched(
     handle: *mut c_void,
@@ -13093,14 +13093,14 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSgetrsBatched(
         ) as u32
     }
 }
-///`cublasShutdown` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasShutdown` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasShutdown() -> u32 {
     unsafe {
         crate::runtime::call(&chidori_cuda::calls::cublas::cublasShutdown, &[]) as u32
     }
 }
-///`cublasSmatinvBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSmatinvBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSmatinvBatched(
     handle: *mut c_void,
@@ -13128,7 +13128,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSmatinvBatched(
         ) as u32
     }
 }
-///`cublasSnrm2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasSnrm2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSnrm2(
     n: i32,
@@ -13144,7 +13144,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSnrm2(
         )
     }
 }
-///`cublasSnrm2_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasSnrm2_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSnrm2_v2(
     handle: *mut c_void,
@@ -13166,7 +13166,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSnrm2_v2(
         ) as u32
     }
 }
-///`cublasSnrm2_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasSnrm2_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSnrm2_v2_64(
     handle: *mut c_void,
@@ -13188,7 +13188,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSnrm2_v2_64(
         ) as u32
     }
 }
-///`cublasSrot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSrot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSrot(
     n: i32,
@@ -13216,7 +13216,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSrot(
         }
     }
 }
-///`cublasSrot_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSrot_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSrot_v2(
     handle: *mut c_void,
@@ -13244,7 +13244,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSrot_v2(
         ) as u32
     }
 }
-///`cublasSrot_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSrot_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSrot_v2_64(
     handle: *mut c_void,
@@ -13272,7 +13272,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSrot_v2_64(
         ) as u32
     }
 }
-///`cublasSrotg` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasSrotg` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSrotg(
     sa: *mut c_void,
@@ -13294,7 +13294,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSrotg(
         }
     }
 }
-///`cublasSrotg_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasSrotg_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSrotg_v2(
     handle: *mut c_void,
@@ -13316,7 +13316,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSrotg_v2(
         ) as u32
     }
 }
-///`cublasSrotm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSrotm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSrotm(
     n: i32,
@@ -13342,7 +13342,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSrotm(
         }
     }
 }
-///`cublasSrotm_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSrotm_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSrotm_v2(
     handle: *mut c_void,
@@ -13368,7 +13368,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSrotm_v2(
         ) as u32
     }
 }
-///`cublasSrotm_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSrotm_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSrotm_v2_64(
     handle: *mut c_void,
@@ -13394,7 +13394,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSrotm_v2_64(
         ) as u32
     }
 }
-///`cublasSrotmg` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasSrotmg` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSrotmg(
     sd1: *mut c_void,
@@ -13418,7 +13418,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSrotmg(
         }
     }
 }
-///`cublasSrotmg_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasSrotmg_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSrotmg_v2(
     handle: *mut c_void,
@@ -13442,7 +13442,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSrotmg_v2(
         ) as u32
     }
 }
-///`cublasSsbmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSsbmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSsbmv(
     uplo: i8,
@@ -13478,7 +13478,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSsbmv(
         }
     }
 }
-///`cublasSsbmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSsbmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSsbmv_v2(
     handle: *mut c_void,
@@ -13514,7 +13514,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSsbmv_v2(
         ) as u32
     }
 }
-///`cublasSsbmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSsbmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSsbmv_v2_64(
     handle: *mut c_void,
@@ -13550,7 +13550,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSsbmv_v2_64(
         ) as u32
     }
 }
-///`cublasSscal` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSscal` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSscal(
     n: i32,
@@ -13572,7 +13572,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSscal(
         }
     }
 }
-///`cublasSscal_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSscal_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSscal_v2(
     handle: *mut c_void,
@@ -13594,7 +13594,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSscal_v2(
         ) as u32
     }
 }
-///`cublasSscal_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSscal_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSscal_v2_64(
     handle: *mut c_void,
@@ -13616,7 +13616,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSscal_v2_64(
         ) as u32
     }
 }
-///`cublasSspmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSspmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSspmv(
     uplo: i8,
@@ -13648,7 +13648,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSspmv(
         }
     }
 }
-///`cublasSspmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSspmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSspmv_v2(
     handle: *mut c_void,
@@ -13680,7 +13680,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSspmv_v2(
         ) as u32
     }
 }
-///`cublasSspmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSspmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSspmv_v2_64(
     handle: *mut c_void,
@@ -13712,7 +13712,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSspmv_v2_64(
         ) as u32
     }
 }
-///`cublasSspr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSspr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSspr(
     uplo: i8,
@@ -13738,7 +13738,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSspr(
         }
     }
 }
-///`cublasSspr2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSspr2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSspr2(
     uplo: i8,
@@ -13768,7 +13768,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSspr2(
         }
     }
 }
-///`cublasSspr2_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSspr2_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSspr2_v2(
     handle: *mut c_void,
@@ -13798,7 +13798,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSspr2_v2(
         ) as u32
     }
 }
-///`cublasSspr2_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSspr2_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSspr2_v2_64(
     handle: *mut c_void,
@@ -13828,7 +13828,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSspr2_v2_64(
         ) as u32
     }
 }
-///`cublasSspr_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSspr_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSspr_v2(
     handle: *mut c_void,
@@ -13854,7 +13854,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSspr_v2(
         ) as u32
     }
 }
-///`cublasSspr_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSspr_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSspr_v2_64(
     handle: *mut c_void,
@@ -13880,7 +13880,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSspr_v2_64(
         ) as u32
     }
 }
-///`cublasSswap` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSswap` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSswap(
     n: i32,
@@ -13904,7 +13904,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSswap(
         }
     }
 }
-///`cublasSswap_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSswap_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSswap_v2(
     handle: *mut c_void,
@@ -13928,7 +13928,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSswap_v2(
         ) as u32
     }
 }
-///`cublasSswap_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSswap_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSswap_v2_64(
     handle: *mut c_void,
@@ -13952,7 +13952,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSswap_v2_64(
         ) as u32
     }
 }
-///`cublasSsymm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSsymm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSsymm(
     side: i8,
@@ -13990,7 +13990,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSsymm(
         }
     }
 }
-///`cublasSsymm_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSsymm_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSsymm_v2(
     handle: *mut c_void,
@@ -14028,7 +14028,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSsymm_v2(
         ) as u32
     }
 }
-///`cublasSsymm_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSsymm_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSsymm_v2_64(
     handle: *mut c_void,
@@ -14066,7 +14066,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSsymm_v2_64(
         ) as u32
     }
 }
-///`cublasSsymv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSsymv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSsymv(
     uplo: i8,
@@ -14100,7 +14100,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSsymv(
         }
     }
 }
-///`cublasSsymv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSsymv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSsymv_v2(
     handle: *mut c_void,
@@ -14134,7 +14134,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSsymv_v2(
         ) as u32
     }
 }
-///`cublasSsymv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSsymv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSsymv_v2_64(
     handle: *mut c_void,
@@ -14168,7 +14168,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSsymv_v2_64(
         ) as u32
     }
 }
-///`cublasSsyr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSsyr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSsyr(
     uplo: i8,
@@ -14196,7 +14196,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSsyr(
         }
     }
 }
-///`cublasSsyr2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSsyr2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSsyr2(
     uplo: i8,
@@ -14228,7 +14228,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSsyr2(
         }
     }
 }
-///`cublasSsyr2_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSsyr2_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSsyr2_v2(
     handle: *mut c_void,
@@ -14260,7 +14260,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSsyr2_v2(
         ) as u32
     }
 }
-///`cublasSsyr2_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSsyr2_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSsyr2_v2_64(
     handle: *mut c_void,
@@ -14292,7 +14292,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSsyr2_v2_64(
         ) as u32
     }
 }
-///`cublasSsyr2k` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSsyr2k` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSsyr2k(
     uplo: i8,
@@ -14330,7 +14330,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSsyr2k(
         }
     }
 }
-///`cublasSsyr2k_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSsyr2k_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSsyr2k_v2(
     handle: *mut c_void,
@@ -14368,7 +14368,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSsyr2k_v2(
         ) as u32
     }
 }
-///`cublasSsyr2k_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSsyr2k_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSsyr2k_v2_64(
     handle: *mut c_void,
@@ -14406,7 +14406,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSsyr2k_v2_64(
         ) as u32
     }
 }
-///`cublasSsyr_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSsyr_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSsyr_v2(
     handle: *mut c_void,
@@ -14434,7 +14434,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSsyr_v2(
         ) as u32
     }
 }
-///`cublasSsyr_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSsyr_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSsyr_v2_64(
     handle: *mut c_void,
@@ -14462,7 +14462,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSsyr_v2_64(
         ) as u32
     }
 }
-///`cublasSsyrk` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSsyrk` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSsyrk(
     uplo: i8,
@@ -14496,7 +14496,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSsyrk(
         }
     }
 }
-///`cublasSsyrk_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSsyrk_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSsyrk_v2(
     handle: *mut c_void,
@@ -14530,7 +14530,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSsyrk_v2(
         ) as u32
     }
 }
-///`cublasSsyrk_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSsyrk_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSsyrk_v2_64(
     handle: *mut c_void,
@@ -14564,7 +14564,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSsyrk_v2_64(
         ) as u32
     }
 }
-///`cublasSsyrkx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSsyrkx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSsyrkx(
     handle: *mut c_void,
@@ -14602,7 +14602,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSsyrkx(
         ) as u32
     }
 }
-///`cublasSsyrkx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSsyrkx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSsyrkx_64(
     handle: *mut c_void,
@@ -14640,7 +14640,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSsyrkx_64(
         ) as u32
     }
 }
-///`cublasStbmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasStbmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasStbmv(
     uplo: i8,
@@ -14672,7 +14672,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasStbmv(
         }
     }
 }
-///`cublasStbmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasStbmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasStbmv_v2(
     handle: *mut c_void,
@@ -14704,7 +14704,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasStbmv_v2(
         ) as u32
     }
 }
-///`cublasStbmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasStbmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasStbmv_v2_64(
     handle: *mut c_void,
@@ -14736,7 +14736,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasStbmv_v2_64(
         ) as u32
     }
 }
-///`cublasStbsv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasStbsv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasStbsv(
     uplo: i8,
@@ -14768,7 +14768,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasStbsv(
         }
     }
 }
-///`cublasStbsv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasStbsv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasStbsv_v2(
     handle: *mut c_void,
@@ -14800,7 +14800,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasStbsv_v2(
         ) as u32
     }
 }
-///`cublasStbsv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasStbsv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasStbsv_v2_64(
     handle: *mut c_void,
@@ -14832,7 +14832,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasStbsv_v2_64(
         ) as u32
     }
 }
-///`cublasStpmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasStpmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasStpmv(
     uplo: i8,
@@ -14860,7 +14860,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasStpmv(
         }
     }
 }
-///`cublasStpmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasStpmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasStpmv_v2(
     handle: *mut c_void,
@@ -14888,7 +14888,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasStpmv_v2(
         ) as u32
     }
 }
-///`cublasStpmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasStpmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasStpmv_v2_64(
     handle: *mut c_void,
@@ -14916,7 +14916,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasStpmv_v2_64(
         ) as u32
     }
 }
-///`cublasStpsv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasStpsv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasStpsv(
     uplo: i8,
@@ -14944,7 +14944,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasStpsv(
         }
     }
 }
-///`cublasStpsv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasStpsv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasStpsv_v2(
     handle: *mut c_void,
@@ -14972,7 +14972,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasStpsv_v2(
         ) as u32
     }
 }
-///`cublasStpsv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasStpsv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasStpsv_v2_64(
     handle: *mut c_void,
@@ -15000,7 +15000,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasStpsv_v2_64(
         ) as u32
     }
 }
-///`cublasStpttr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasStpttr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasStpttr(
     handle: *mut c_void,
@@ -15024,7 +15024,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasStpttr(
         ) as u32
     }
 }
-///`cublasStrmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasStrmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasStrmm(
     side: i8,
@@ -15060,7 +15060,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasStrmm(
         }
     }
 }
-///`cublasStrmm_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasStrmm_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasStrmm_v2(
     handle: *mut c_void,
@@ -15100,7 +15100,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasStrmm_v2(
         ) as u32
     }
 }
-///`cublasStrmm_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasStrmm_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasStrmm_v2_64(
     handle: *mut c_void,
@@ -15140,7 +15140,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasStrmm_v2_64(
         ) as u32
     }
 }
-///`cublasStrmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasStrmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasStrmv(
     uplo: i8,
@@ -15170,7 +15170,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasStrmv(
         }
     }
 }
-///`cublasStrmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasStrmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasStrmv_v2(
     handle: *mut c_void,
@@ -15200,7 +15200,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasStrmv_v2(
         ) as u32
     }
 }
-///`cublasStrmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasStrmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasStrmv_v2_64(
     handle: *mut c_void,
@@ -15230,7 +15230,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasStrmv_v2_64(
         ) as u32
     }
 }
-///`cublasStrsm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasStrsm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasStrsm(
     side: i8,
@@ -15266,7 +15266,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasStrsm(
         }
     }
 }
-///`cublasStrsmBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasStrsmBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasStrsmBatched(
     handle: *mut c_void,
@@ -15304,7 +15304,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasStrsmBatched(
         ) as u32
     }
 }
-///`cublasStrsmBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasStrsmBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasStrsmBatched_64(
     handle: *mut c_void,
@@ -15342,7 +15342,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasStrsmBatched_64(
         ) as u32
     }
 }
-///`cublasStrsm_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasStrsm_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasStrsm_v2(
     handle: *mut c_void,
@@ -15378,7 +15378,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasStrsm_v2(
         ) as u32
     }
 }
-///`cublasStrsm_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasStrsm_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasStrsm_v2_64(
     handle: *mut c_void,
@@ -15414,7 +15414,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasStrsm_v2_64(
         ) as u32
     }
 }
-///`cublasStrsv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasStrsv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasStrsv(
     uplo: i8,
@@ -15444,7 +15444,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasStrsv(
         }
     }
 }
-///`cublasStrsv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasStrsv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasStrsv_v2(
     handle: *mut c_void,
@@ -15474,7 +15474,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasStrsv_v2(
         ) as u32
     }
 }
-///`cublasStrsv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasStrsv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasStrsv_v2_64(
     handle: *mut c_void,
@@ -15504,7 +15504,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasStrsv_v2_64(
         ) as u32
     }
 }
-///`cublasStrttp` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasStrttp` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasStrttp(
     handle: *mut c_void,
@@ -15528,7 +15528,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasStrttp(
         ) as u32
     }
 }
-///`cublasSwapEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSwapEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSwapEx(
     handle: *mut c_void,
@@ -15556,7 +15556,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSwapEx(
         ) as u32
     }
 }
-///`cublasSwapEx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSwapEx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSwapEx_64(
     handle: *mut c_void,
@@ -15584,7 +15584,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSwapEx_64(
         ) as u32
     }
 }
-///`cublasUint8gemmBias` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasUint8gemmBias` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasUint8gemmBias(
     handle: *mut c_void,
@@ -15632,7 +15632,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasUint8gemmBias(
         ) as u32
     }
 }
-///`cublasXtCgemm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasXtCgemm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtCgemm(
     handle: *mut c_void,
@@ -15654,7 +15654,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtCgemm(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cublasXtCgemm",
-                version: "13.1",
+                version: "13.5",
                 library: "cublas",
                 forms: &[&chidori_cuda::calls::cublas::cublasXtCgemm__call],
                 codes: chidori_cuda::desc::Codes {
@@ -15687,7 +15687,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtCgemm(
         }) as u32
     }
 }
-///`cublasXtChemm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasXtChemm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtChemm(
     handle: *mut c_void,
@@ -15708,7 +15708,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtChemm(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cublasXtChemm",
-                version: "13.1",
+                version: "13.5",
                 library: "cublas",
                 forms: &[&chidori_cuda::calls::cublas::cublasXtChemm__call],
                 codes: chidori_cuda::desc::Codes {
@@ -15740,7 +15740,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtChemm(
         }) as u32
     }
 }
-///`cublasXtCher2k` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasXtCher2k` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtCher2k(
     handle: *mut c_void,
@@ -15761,7 +15761,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtCher2k(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cublasXtCher2k",
-                version: "13.1",
+                version: "13.5",
                 library: "cublas",
                 forms: &[&chidori_cuda::calls::cublas::cublasXtCher2k__call],
                 codes: chidori_cuda::desc::Codes {
@@ -15793,7 +15793,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtCher2k(
         }) as u32
     }
 }
-///`cublasXtCherk` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasXtCherk` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtCherk(
     handle: *mut c_void,
@@ -15812,7 +15812,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtCherk(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cublasXtCherk",
-                version: "13.1",
+                version: "13.5",
                 library: "cublas",
                 forms: &[&chidori_cuda::calls::cublas::cublasXtCherk__call],
                 codes: chidori_cuda::desc::Codes {
@@ -15842,7 +15842,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtCherk(
         }) as u32
     }
 }
-///`cublasXtCherkx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasXtCherkx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtCherkx(
     handle: *mut c_void,
@@ -15863,7 +15863,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtCherkx(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cublasXtCherkx",
-                version: "13.1",
+                version: "13.5",
                 library: "cublas",
                 forms: &[&chidori_cuda::calls::cublas::cublasXtCherkx__call],
                 codes: chidori_cuda::desc::Codes {
@@ -15895,7 +15895,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtCherkx(
         }) as u32
     }
 }
-///`cublasXtCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasXtCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtCreate(handle: *mut c_void) -> u32 {
     unsafe {
@@ -15905,7 +15905,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtCreate(handle: *mut c_void) ->
         ) as u32
     }
 }
-///`cublasXtCspmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasXtCspmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtCspmm(
     handle: *mut c_void,
@@ -15925,7 +15925,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtCspmm(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cublasXtCspmm",
-                version: "13.1",
+                version: "13.5",
                 library: "cublas",
                 forms: &[&chidori_cuda::calls::cublas::cublasXtCspmm__call],
                 codes: chidori_cuda::desc::Codes {
@@ -15956,7 +15956,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtCspmm(
         }) as u32
     }
 }
-///`cublasXtCsymm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasXtCsymm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtCsymm(
     handle: *mut c_void,
@@ -15977,7 +15977,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtCsymm(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cublasXtCsymm",
-                version: "13.1",
+                version: "13.5",
                 library: "cublas",
                 forms: &[&chidori_cuda::calls::cublas::cublasXtCsymm__call],
                 codes: chidori_cuda::desc::Codes {
@@ -16009,7 +16009,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtCsymm(
         }) as u32
     }
 }
-///`cublasXtCsyr2k` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasXtCsyr2k` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtCsyr2k(
     handle: *mut c_void,
@@ -16030,7 +16030,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtCsyr2k(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cublasXtCsyr2k",
-                version: "13.1",
+                version: "13.5",
                 library: "cublas",
                 forms: &[&chidori_cuda::calls::cublas::cublasXtCsyr2k__call],
                 codes: chidori_cuda::desc::Codes {
@@ -16062,7 +16062,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtCsyr2k(
         }) as u32
     }
 }
-///`cublasXtCsyrk` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasXtCsyrk` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtCsyrk(
     handle: *mut c_void,
@@ -16081,7 +16081,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtCsyrk(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cublasXtCsyrk",
-                version: "13.1",
+                version: "13.5",
                 library: "cublas",
                 forms: &[&chidori_cuda::calls::cublas::cublasXtCsyrk__call],
                 codes: chidori_cuda::desc::Codes {
@@ -16111,7 +16111,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtCsyrk(
         }) as u32
     }
 }
-///`cublasXtCsyrkx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasXtCsyrkx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtCsyrkx(
     handle: *mut c_void,
@@ -16132,7 +16132,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtCsyrkx(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cublasXtCsyrkx",
-                version: "13.1",
+                version: "13.5",
                 library: "cublas",
                 forms: &[&chidori_cuda::calls::cublas::cublasXtCsyrkx__call],
                 codes: chidori_cuda::desc::Codes {
@@ -16164,7 +16164,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtCsyrkx(
         }) as u32
     }
 }
-///`cublasXtCtrmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasXtCtrmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtCtrmm(
     handle: *mut c_void,
@@ -16186,7 +16186,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtCtrmm(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cublasXtCtrmm",
-                version: "13.1",
+                version: "13.5",
                 library: "cublas",
                 forms: &[&chidori_cuda::calls::cublas::cublasXtCtrmm__call],
                 codes: chidori_cuda::desc::Codes {
@@ -16219,7 +16219,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtCtrmm(
         }) as u32
     }
 }
-///`cublasXtCtrsm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasXtCtrsm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtCtrsm(
     handle: *mut c_void,
@@ -16239,7 +16239,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtCtrsm(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cublasXtCtrsm",
-                version: "13.1",
+                version: "13.5",
                 library: "cublas",
                 forms: &[&chidori_cuda::calls::cublas::cublasXtCtrsm__call],
                 codes: chidori_cuda::desc::Codes {
@@ -16270,7 +16270,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtCtrsm(
         }) as u32
     }
 }
-///`cublasXtDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasXtDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtDestroy(handle: *mut c_void) -> u32 {
     unsafe {
@@ -16280,7 +16280,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtDestroy(handle: *mut c_void) -
         ) as u32
     }
 }
-///`cublasXtDeviceSelect` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasXtDeviceSelect` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtDeviceSelect(
     handle: *mut c_void,
@@ -16298,7 +16298,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtDeviceSelect(
         ) as u32
     }
 }
-///`cublasXtDgemm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasXtDgemm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtDgemm(
     handle: *mut c_void,
@@ -16320,7 +16320,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtDgemm(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cublasXtDgemm",
-                version: "13.1",
+                version: "13.5",
                 library: "cublas",
                 forms: &[&chidori_cuda::calls::cublas::cublasXtDgemm__call],
                 codes: chidori_cuda::desc::Codes {
@@ -16353,7 +16353,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtDgemm(
         }) as u32
     }
 }
-///`cublasXtDspmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasXtDspmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtDspmm(
     handle: *mut c_void,
@@ -16373,7 +16373,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtDspmm(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cublasXtDspmm",
-                version: "13.1",
+                version: "13.5",
                 library: "cublas",
                 forms: &[&chidori_cuda::calls::cublas::cublasXtDspmm__call],
                 codes: chidori_cuda::desc::Codes {
@@ -16404,7 +16404,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtDspmm(
         }) as u32
     }
 }
-///`cublasXtDsymm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasXtDsymm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtDsymm(
     handle: *mut c_void,
@@ -16425,7 +16425,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtDsymm(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cublasXtDsymm",
-                version: "13.1",
+                version: "13.5",
                 library: "cublas",
                 forms: &[&chidori_cuda::calls::cublas::cublasXtDsymm__call],
                 codes: chidori_cuda::desc::Codes {
@@ -16457,7 +16457,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtDsymm(
         }) as u32
     }
 }
-///`cublasXtDsyr2k` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasXtDsyr2k` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtDsyr2k(
     handle: *mut c_void,
@@ -16478,7 +16478,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtDsyr2k(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cublasXtDsyr2k",
-                version: "13.1",
+                version: "13.5",
                 library: "cublas",
                 forms: &[&chidori_cuda::calls::cublas::cublasXtDsyr2k__call],
                 codes: chidori_cuda::desc::Codes {
@@ -16510,7 +16510,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtDsyr2k(
         }) as u32
     }
 }
-///`cublasXtDsyrk` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasXtDsyrk` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtDsyrk(
     handle: *mut c_void,
@@ -16529,7 +16529,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtDsyrk(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cublasXtDsyrk",
-                version: "13.1",
+                version: "13.5",
                 library: "cublas",
                 forms: &[&chidori_cuda::calls::cublas::cublasXtDsyrk__call],
                 codes: chidori_cuda::desc::Codes {
@@ -16559,7 +16559,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtDsyrk(
         }) as u32
     }
 }
-///`cublasXtDsyrkx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasXtDsyrkx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtDsyrkx(
     handle: *mut c_void,
@@ -16580,7 +16580,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtDsyrkx(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cublasXtDsyrkx",
-                version: "13.1",
+                version: "13.5",
                 library: "cublas",
                 forms: &[&chidori_cuda::calls::cublas::cublasXtDsyrkx__call],
                 codes: chidori_cuda::desc::Codes {
@@ -16612,7 +16612,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtDsyrkx(
         }) as u32
     }
 }
-///`cublasXtDtrmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasXtDtrmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtDtrmm(
     handle: *mut c_void,
@@ -16634,7 +16634,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtDtrmm(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cublasXtDtrmm",
-                version: "13.1",
+                version: "13.5",
                 library: "cublas",
                 forms: &[&chidori_cuda::calls::cublas::cublasXtDtrmm__call],
                 codes: chidori_cuda::desc::Codes {
@@ -16667,7 +16667,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtDtrmm(
         }) as u32
     }
 }
-///`cublasXtDtrsm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasXtDtrsm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtDtrsm(
     handle: *mut c_void,
@@ -16687,7 +16687,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtDtrsm(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cublasXtDtrsm",
-                version: "13.1",
+                version: "13.5",
                 library: "cublas",
                 forms: &[&chidori_cuda::calls::cublas::cublasXtDtrsm__call],
                 codes: chidori_cuda::desc::Codes {
@@ -16718,7 +16718,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtDtrsm(
         }) as u32
     }
 }
-///`cublasXtGetBlockDim` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasXtGetBlockDim` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtGetBlockDim(
     handle: *mut c_void,
@@ -16731,7 +16731,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtGetBlockDim(
         ) as u32
     }
 }
-///`cublasXtGetNumBoards` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasXtGetNumBoards` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtGetNumBoards(
     nbDevices: i32,
@@ -16749,7 +16749,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtGetNumBoards(
         ) as u32
     }
 }
-///`cublasXtGetPinningMemMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasXtGetPinningMemMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtGetPinningMemMode(
     handle: *mut c_void,
@@ -16762,7 +16762,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtGetPinningMemMode(
         ) as u32
     }
 }
-///`cublasXtMaxBoards` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasXtMaxBoards` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtMaxBoards(
     nbGpuBoards: *mut c_void,
@@ -16774,7 +16774,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtMaxBoards(
         ) as u32
     }
 }
-///`cublasXtSetBlockDim` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasXtSetBlockDim` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtSetBlockDim(
     handle: *mut c_void,
@@ -16787,7 +16787,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtSetBlockDim(
         ) as u32
     }
 }
-///`cublasXtSetCpuRatio` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasXtSetCpuRatio` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtSetCpuRatio(
     handle: *mut c_void,
@@ -16807,7 +16807,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtSetCpuRatio(
         ) as u32
     }
 }
-///`cublasXtSetPinningMemMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasXtSetPinningMemMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtSetPinningMemMode(
     handle: *mut c_void,
@@ -16820,7 +16820,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtSetPinningMemMode(
         ) as u32
     }
 }
-///`cublasXtSgemm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasXtSgemm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtSgemm(
     handle: *mut c_void,
@@ -16842,7 +16842,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtSgemm(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cublasXtSgemm",
-                version: "13.1",
+                version: "13.5",
                 library: "cublas",
                 forms: &[&chidori_cuda::calls::cublas::cublasXtSgemm__call],
                 codes: chidori_cuda::desc::Codes {
@@ -16875,7 +16875,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtSgemm(
         }) as u32
     }
 }
-///`cublasXtSspmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasXtSspmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtSspmm(
     handle: *mut c_void,
@@ -16895,7 +16895,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtSspmm(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cublasXtSspmm",
-                version: "13.1",
+                version: "13.5",
                 library: "cublas",
                 forms: &[&chidori_cuda::calls::cublas::cublasXtSspmm__call],
                 codes: chidori_cuda::desc::Codes {
@@ -16926,7 +16926,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtSspmm(
         }) as u32
     }
 }
-///`cublasXtSsymm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasXtSsymm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtSsymm(
     handle: *mut c_void,
@@ -16947,7 +16947,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtSsymm(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cublasXtSsymm",
-                version: "13.1",
+                version: "13.5",
                 library: "cublas",
                 forms: &[&chidori_cuda::calls::cublas::cublasXtSsymm__call],
                 codes: chidori_cuda::desc::Codes {
@@ -16979,7 +16979,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtSsymm(
         }) as u32
     }
 }
-///`cublasXtSsyr2k` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasXtSsyr2k` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtSsyr2k(
     handle: *mut c_void,
@@ -17000,7 +17000,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtSsyr2k(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cublasXtSsyr2k",
-                version: "13.1",
+                version: "13.5",
                 library: "cublas",
                 forms: &[&chidori_cuda::calls::cublas::cublasXtSsyr2k__call],
                 codes: chidori_cuda::desc::Codes {
@@ -17032,7 +17032,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtSsyr2k(
         }) as u32
     }
 }
-///`cublasXtSsyrk` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasXtSsyrk` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtSsyrk(
     handle: *mut c_void,
@@ -17051,7 +17051,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtSsyrk(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cublasXtSsyrk",
-                version: "13.1",
+                version: "13.5",
                 library: "cublas",
                 forms: &[&chidori_cuda::calls::cublas::cublasXtSsyrk__call],
                 codes: chidori_cuda::desc::Codes {
@@ -17081,7 +17081,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtSsyrk(
         }) as u32
     }
 }
-///`cublasXtSsyrkx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasXtSsyrkx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtSsyrkx(
     handle: *mut c_void,
@@ -17102,7 +17102,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtSsyrkx(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cublasXtSsyrkx",
-                version: "13.1",
+                version: "13.5",
                 library: "cublas",
                 forms: &[&chidori_cuda::calls::cublas::cublasXtSsyrkx__call],
                 codes: chidori_cuda::desc::Codes {
@@ -17134,7 +17134,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtSsyrkx(
         }) as u32
     }
 }
-///`cublasXtStrmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasXtStrmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtStrmm(
     handle: *mut c_void,
@@ -17156,7 +17156,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtStrmm(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cublasXtStrmm",
-                version: "13.1",
+                version: "13.5",
                 library: "cublas",
                 forms: &[&chidori_cuda::calls::cublas::cublasXtStrmm__call],
                 codes: chidori_cuda::desc::Codes {
@@ -17189,7 +17189,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtStrmm(
         }) as u32
     }
 }
-///`cublasXtStrsm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasXtStrsm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtStrsm(
     handle: *mut c_void,
@@ -17209,7 +17209,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtStrsm(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cublasXtStrsm",
-                version: "13.1",
+                version: "13.5",
                 library: "cublas",
                 forms: &[&chidori_cuda::calls::cublas::cublasXtStrsm__call],
                 codes: chidori_cuda::desc::Codes {
@@ -17240,7 +17240,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtStrsm(
         }) as u32
     }
 }
-///`cublasXtZgemm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasXtZgemm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtZgemm(
     handle: *mut c_void,
@@ -17262,7 +17262,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtZgemm(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cublasXtZgemm",
-                version: "13.1",
+                version: "13.5",
                 library: "cublas",
                 forms: &[&chidori_cuda::calls::cublas::cublasXtZgemm__call],
                 codes: chidori_cuda::desc::Codes {
@@ -17295,7 +17295,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtZgemm(
         }) as u32
     }
 }
-///`cublasXtZhemm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasXtZhemm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtZhemm(
     handle: *mut c_void,
@@ -17316,7 +17316,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtZhemm(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cublasXtZhemm",
-                version: "13.1",
+                version: "13.5",
                 library: "cublas",
                 forms: &[&chidori_cuda::calls::cublas::cublasXtZhemm__call],
                 codes: chidori_cuda::desc::Codes {
@@ -17348,7 +17348,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtZhemm(
         }) as u32
     }
 }
-///`cublasXtZher2k` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasXtZher2k` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtZher2k(
     handle: *mut c_void,
@@ -17369,7 +17369,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtZher2k(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cublasXtZher2k",
-                version: "13.1",
+                version: "13.5",
                 library: "cublas",
                 forms: &[&chidori_cuda::calls::cublas::cublasXtZher2k__call],
                 codes: chidori_cuda::desc::Codes {
@@ -17401,7 +17401,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtZher2k(
         }) as u32
     }
 }
-///`cublasXtZherk` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasXtZherk` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtZherk(
     handle: *mut c_void,
@@ -17420,7 +17420,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtZherk(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cublasXtZherk",
-                version: "13.1",
+                version: "13.5",
                 library: "cublas",
                 forms: &[&chidori_cuda::calls::cublas::cublasXtZherk__call],
                 codes: chidori_cuda::desc::Codes {
@@ -17450,7 +17450,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtZherk(
         }) as u32
     }
 }
-///`cublasXtZherkx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasXtZherkx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtZherkx(
     handle: *mut c_void,
@@ -17471,7 +17471,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtZherkx(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cublasXtZherkx",
-                version: "13.1",
+                version: "13.5",
                 library: "cublas",
                 forms: &[&chidori_cuda::calls::cublas::cublasXtZherkx__call],
                 codes: chidori_cuda::desc::Codes {
@@ -17503,7 +17503,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtZherkx(
         }) as u32
     }
 }
-///`cublasXtZspmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasXtZspmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtZspmm(
     handle: *mut c_void,
@@ -17523,7 +17523,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtZspmm(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cublasXtZspmm",
-                version: "13.1",
+                version: "13.5",
                 library: "cublas",
                 forms: &[&chidori_cuda::calls::cublas::cublasXtZspmm__call],
                 codes: chidori_cuda::desc::Codes {
@@ -17554,7 +17554,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtZspmm(
         }) as u32
     }
 }
-///`cublasXtZsymm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasXtZsymm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtZsymm(
     handle: *mut c_void,
@@ -17575,7 +17575,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtZsymm(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cublasXtZsymm",
-                version: "13.1",
+                version: "13.5",
                 library: "cublas",
                 forms: &[&chidori_cuda::calls::cublas::cublasXtZsymm__call],
                 codes: chidori_cuda::desc::Codes {
@@ -17607,7 +17607,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtZsymm(
         }) as u32
     }
 }
-///`cublasXtZsyr2k` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasXtZsyr2k` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtZsyr2k(
     handle: *mut c_void,
@@ -17628,7 +17628,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtZsyr2k(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cublasXtZsyr2k",
-                version: "13.1",
+                version: "13.5",
                 library: "cublas",
                 forms: &[&chidori_cuda::calls::cublas::cublasXtZsyr2k__call],
                 codes: chidori_cuda::desc::Codes {
@@ -17660,7 +17660,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtZsyr2k(
         }) as u32
     }
 }
-///`cublasXtZsyrk` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasXtZsyrk` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtZsyrk(
     handle: *mut c_void,
@@ -17679,7 +17679,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtZsyrk(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cublasXtZsyrk",
-                version: "13.1",
+                version: "13.5",
                 library: "cublas",
                 forms: &[&chidori_cuda::calls::cublas::cublasXtZsyrk__call],
                 codes: chidori_cuda::desc::Codes {
@@ -17709,7 +17709,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtZsyrk(
         }) as u32
     }
 }
-///`cublasXtZsyrkx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasXtZsyrkx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtZsyrkx(
     handle: *mut c_void,
@@ -17730,7 +17730,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtZsyrkx(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cublasXtZsyrkx",
-                version: "13.1",
+                version: "13.5",
                 library: "cublas",
                 forms: &[&chidori_cuda::calls::cublas::cublasXtZsyrkx__call],
                 codes: chidori_cuda::desc::Codes {
@@ -17762,7 +17762,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtZsyrkx(
         }) as u32
     }
 }
-///`cublasXtZtrmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasXtZtrmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtZtrmm(
     handle: *mut c_void,
@@ -17784,7 +17784,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtZtrmm(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cublasXtZtrmm",
-                version: "13.1",
+                version: "13.5",
                 library: "cublas",
                 forms: &[&chidori_cuda::calls::cublas::cublasXtZtrmm__call],
                 codes: chidori_cuda::desc::Codes {
@@ -17817,7 +17817,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtZtrmm(
         }) as u32
     }
 }
-///`cublasXtZtrsm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasXtZtrsm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasXtZtrsm(
     handle: *mut c_void,
@@ -17837,7 +17837,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtZtrsm(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cublasXtZtrsm",
-                version: "13.1",
+                version: "13.5",
                 library: "cublas",
                 forms: &[&chidori_cuda::calls::cublas::cublasXtZtrsm__call],
                 codes: chidori_cuda::desc::Codes {
@@ -17868,7 +17868,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasXtZtrsm(
         }) as u32
     }
 }
-///`cublasZaxpy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZaxpy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZaxpy(
     n: i32,
@@ -17894,7 +17894,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZaxpy(
         }
     }
 }
-///`cublasZaxpy_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZaxpy_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZaxpy_v2(
     handle: *mut c_void,
@@ -17920,7 +17920,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZaxpy_v2(
         ) as u32
     }
 }
-///`cublasZaxpy_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZaxpy_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZaxpy_v2_64(
     handle: *mut c_void,
@@ -17946,7 +17946,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZaxpy_v2_64(
         ) as u32
     }
 }
-///`cublasZcopy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZcopy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZcopy(
     n: i32,
@@ -17970,7 +17970,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZcopy(
         }
     }
 }
-///`cublasZcopy_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZcopy_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZcopy_v2(
     handle: *mut c_void,
@@ -17994,7 +17994,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZcopy_v2(
         ) as u32
     }
 }
-///`cublasZcopy_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZcopy_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZcopy_v2_64(
     handle: *mut c_void,
@@ -18018,7 +18018,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZcopy_v2_64(
         ) as u32
     }
 }
-///`cublasZdgmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZdgmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZdgmm(
     handle: *mut c_void,
@@ -18050,7 +18050,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZdgmm(
         ) as u32
     }
 }
-///`cublasZdgmm_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZdgmm_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZdgmm_64(
     handle: *mut c_void,
@@ -18082,7 +18082,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZdgmm_64(
         ) as u32
     }
 }
-///`cublasZdotc_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasZdotc_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZdotc_v2(
     handle: *mut c_void,
@@ -18108,7 +18108,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZdotc_v2(
         ) as u32
     }
 }
-///`cublasZdotc_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasZdotc_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZdotc_v2_64(
     handle: *mut c_void,
@@ -18134,7 +18134,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZdotc_v2_64(
         ) as u32
     }
 }
-///`cublasZdotu_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasZdotu_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZdotu_v2(
     handle: *mut c_void,
@@ -18160,7 +18160,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZdotu_v2(
         ) as u32
     }
 }
-///`cublasZdotu_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasZdotu_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZdotu_v2_64(
     handle: *mut c_void,
@@ -18186,7 +18186,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZdotu_v2_64(
         ) as u32
     }
 }
-///`cublasZdrot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZdrot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZdrot(
     n: i32,
@@ -18214,7 +18214,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZdrot(
         }
     }
 }
-///`cublasZdrot_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZdrot_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZdrot_v2(
     handle: *mut c_void,
@@ -18242,7 +18242,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZdrot_v2(
         ) as u32
     }
 }
-///`cublasZdrot_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZdrot_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZdrot_v2_64(
     handle: *mut c_void,
@@ -18270,7 +18270,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZdrot_v2_64(
         ) as u32
     }
 }
-///`cublasZdscal` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZdscal` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZdscal(
     n: i32,
@@ -18292,7 +18292,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZdscal(
         }
     }
 }
-///`cublasZdscal_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZdscal_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZdscal_v2(
     handle: *mut c_void,
@@ -18314,7 +18314,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZdscal_v2(
         ) as u32
     }
 }
-///`cublasZdscal_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZdscal_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZdscal_v2_64(
     handle: *mut c_void,
@@ -18336,7 +18336,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZdscal_v2_64(
         ) as u32
     }
 }
-///`cublasZgbmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZgbmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZgbmv(
     trans: i8,
@@ -18376,7 +18376,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZgbmv(
         }
     }
 }
-///`cublasZgbmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZgbmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZgbmv_v2(
     handle: *mut c_void,
@@ -18416,7 +18416,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZgbmv_v2(
         ) as u32
     }
 }
-///`cublasZgbmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZgbmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZgbmv_v2_64(
     handle: *mut c_void,
@@ -18456,7 +18456,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZgbmv_v2_64(
         ) as u32
     }
 }
-///`cublasZgeam` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZgeam` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZgeam(
     handle: *mut c_void,
@@ -18494,7 +18494,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZgeam(
         ) as u32
     }
 }
-///`cublasZgeam_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZgeam_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZgeam_64(
     handle: *mut c_void,
@@ -18532,7 +18532,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZgeam_64(
         ) as u32
     }
 }
-///`cublasZgelsBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasZgelsBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZgelsBatched(
     handle: *mut c_void,
@@ -18568,7 +18568,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZgelsBatched(
         ) as u32
     }
 }
-///`cublasZgemm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZgemm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZgemm(
     transa: i8,
@@ -18608,7 +18608,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZgemm(
         }
     }
 }
-///`cublasZgemm3m` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZgemm3m` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZgemm3m(
     handle: *mut c_void,
@@ -18648,7 +18648,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZgemm3m(
         ) as u32
     }
 }
-///`cublasZgemm3m_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZgemm3m_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZgemm3m_64(
     handle: *mut c_void,
@@ -18688,7 +18688,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZgemm3m_64(
         ) as u32
     }
 }
-///`cublasZgemmBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZgemmBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZgemmBatched(
     handle: *mut c_void,
@@ -18730,7 +18730,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZgemmBatched(
         ) as u32
     }
 }
-///`cublasZgemmBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZgemmBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZgemmBatched_64(
     handle: *mut c_void,
@@ -18772,7 +18772,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZgemmBatched_64(
         ) as u32
     }
 }
-///`cublasZgemmStridedBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZgemmStridedBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZgemmStridedBatched(
     handle: *mut c_void,
@@ -18820,7 +18820,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZgemmStridedBatched(
         ) as u32
     }
 }
-///`cublasZgemmStridedBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZgemmStridedBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZgemmStridedBatched_64(
     handle: *mut c_void,
@@ -18868,7 +18868,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZgemmStridedBatched_64(
         ) as u32
     }
 }
-///`cublasZgemm_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZgemm_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZgemm_v2(
     handle: *mut c_void,
@@ -18908,7 +18908,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZgemm_v2(
         ) as u32
     }
 }
-///`cublasZgemm_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZgemm_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZgemm_v2_64(
     handle: *mut c_void,
@@ -18948,7 +18948,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZgemm_v2_64(
         ) as u32
     }
 }
-///`cublasZgemv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZgemv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZgemv(
     trans: i8,
@@ -18984,7 +18984,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZgemv(
         }
     }
 }
-///`cublasZgemvBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZgemvBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZgemvBatched(
     handle: *mut c_void,
@@ -19022,7 +19022,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZgemvBatched(
         ) as u32
     }
 }
-///`cublasZgemvBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZgemvBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZgemvBatched_64(
     handle: *mut c_void,
@@ -19060,7 +19060,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZgemvBatched_64(
         ) as u32
     }
 }
-///`cublasZgemvStridedBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZgemvStridedBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZgemvStridedBatched(
     handle: *mut c_void,
@@ -19104,7 +19104,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZgemvStridedBatched(
         ) as u32
     }
 }
-///`cublasZgemvStridedBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZgemvStridedBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZgemvStridedBatched_64(
     handle: *mut c_void,
@@ -19148,7 +19148,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZgemvStridedBatched_64(
         ) as u32
     }
 }
-///`cublasZgemv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZgemv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZgemv_v2(
     handle: *mut c_void,
@@ -19184,7 +19184,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZgemv_v2(
         ) as u32
     }
 }
-///`cublasZgemv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZgemv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZgemv_v2_64(
     handle: *mut c_void,
@@ -19220,7 +19220,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZgemv_v2_64(
         ) as u32
     }
 }
-///`cublasZgeqrfBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasZgeqrfBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZgeqrfBatched(
     handle: *mut c_void,
@@ -19248,7 +19248,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZgeqrfBatched(
         ) as u32
     }
 }
-///`cublasZgerc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZgerc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZgerc(
     m: i32,
@@ -19280,7 +19280,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZgerc(
         }
     }
 }
-///`cublasZgerc_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZgerc_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZgerc_v2(
     handle: *mut c_void,
@@ -19312,7 +19312,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZgerc_v2(
         ) as u32
     }
 }
-///`cublasZgerc_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZgerc_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZgerc_v2_64(
     handle: *mut c_void,
@@ -19344,7 +19344,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZgerc_v2_64(
         ) as u32
     }
 }
-///`cublasZgeru` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZgeru` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZgeru(
     m: i32,
@@ -19376,7 +19376,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZgeru(
         }
     }
 }
-///`cublasZgeru_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZgeru_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZgeru_v2(
     handle: *mut c_void,
@@ -19408,7 +19408,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZgeru_v2(
         ) as u32
     }
 }
-///`cublasZgeru_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZgeru_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZgeru_v2_64(
     handle: *mut c_void,
@@ -19440,7 +19440,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZgeru_v2_64(
         ) as u32
     }
 }
-///`cublasZgetrfBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZgetrfBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZgetrfBatched(
     handle: *mut c_void,
@@ -19466,7 +19466,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZgetrfBatched(
         ) as u32
     }
 }
-///`cublasZgetriBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZgetriBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZgetriBatched(
     handle: *mut c_void,
@@ -19496,7 +19496,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZgetriBatched(
         ) as u32
     }
 }
-///`cublasZgetrsBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasZgetrsBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZgetrsBatched(
     handle: *mut c_void,
@@ -19530,7 +19530,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZgetrsBatched(
         ) as u32
     }
 }
-///`cublasZhbmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZhbmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZhbmv(
     uplo: i8,
@@ -19566,7 +19566,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZhbmv(
         }
     }
 }
-///`cublasZhbmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZhbmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZhbmv_v2(
     handle: *mut c_void,
@@ -19602,7 +19602,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZhbmv_v2(
         ) as u32
     }
 }
-///`cublasZhbmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZhbmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZhbmv_v2_64(
     handle: *mut c_void,
@@ -19638,7 +19638,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZhbmv_v2_64(
         ) as u32
     }
 }
-///`cublasZhemm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZhemm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZhemm(
     side: i8,
@@ -19676,7 +19676,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZhemm(
         }
     }
 }
-///`cublasZhemm_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZhemm_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZhemm_v2(
     handle: *mut c_void,
@@ -19714,7 +19714,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZhemm_v2(
         ) as u32
     }
 }
-///`cublasZhemm_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZhemm_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZhemm_v2_64(
     handle: *mut c_void,
@@ -19752,7 +19752,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZhemm_v2_64(
         ) as u32
     }
 }
-///`cublasZhemv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZhemv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZhemv(
     uplo: i8,
@@ -19786,7 +19786,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZhemv(
         }
     }
 }
-///`cublasZhemv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZhemv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZhemv_v2(
     handle: *mut c_void,
@@ -19820,7 +19820,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZhemv_v2(
         ) as u32
     }
 }
-///`cublasZhemv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZhemv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZhemv_v2_64(
     handle: *mut c_void,
@@ -19854,7 +19854,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZhemv_v2_64(
         ) as u32
     }
 }
-///`cublasZher` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZher` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZher(
     uplo: i8,
@@ -19882,7 +19882,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZher(
         }
     }
 }
-///`cublasZher2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZher2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZher2(
     uplo: i8,
@@ -19914,7 +19914,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZher2(
         }
     }
 }
-///`cublasZher2_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZher2_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZher2_v2(
     handle: *mut c_void,
@@ -19946,7 +19946,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZher2_v2(
         ) as u32
     }
 }
-///`cublasZher2_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZher2_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZher2_v2_64(
     handle: *mut c_void,
@@ -19978,7 +19978,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZher2_v2_64(
         ) as u32
     }
 }
-///`cublasZher2k` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZher2k` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZher2k(
     uplo: i8,
@@ -20016,7 +20016,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZher2k(
         }
     }
 }
-///`cublasZher2k_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZher2k_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZher2k_v2(
     handle: *mut c_void,
@@ -20054,7 +20054,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZher2k_v2(
         ) as u32
     }
 }
-///`cublasZher2k_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZher2k_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZher2k_v2_64(
     handle: *mut c_void,
@@ -20092,7 +20092,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZher2k_v2_64(
         ) as u32
     }
 }
-///`cublasZher_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZher_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZher_v2(
     handle: *mut c_void,
@@ -20120,7 +20120,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZher_v2(
         ) as u32
     }
 }
-///`cublasZher_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZher_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZher_v2_64(
     handle: *mut c_void,
@@ -20148,7 +20148,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZher_v2_64(
         ) as u32
     }
 }
-///`cublasZherk` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZherk` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZherk(
     uplo: i8,
@@ -20182,7 +20182,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZherk(
         }
     }
 }
-///`cublasZherk_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZherk_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZherk_v2(
     handle: *mut c_void,
@@ -20216,7 +20216,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZherk_v2(
         ) as u32
     }
 }
-///`cublasZherk_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZherk_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZherk_v2_64(
     handle: *mut c_void,
@@ -20250,7 +20250,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZherk_v2_64(
         ) as u32
     }
 }
-///`cublasZherkx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZherkx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZherkx(
     handle: *mut c_void,
@@ -20288,7 +20288,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZherkx(
         ) as u32
     }
 }
-///`cublasZherkx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZherkx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZherkx_64(
     handle: *mut c_void,
@@ -20326,7 +20326,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZherkx_64(
         ) as u32
     }
 }
-///`cublasZhpmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZhpmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZhpmv(
     uplo: i8,
@@ -20358,7 +20358,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZhpmv(
         }
     }
 }
-///`cublasZhpmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZhpmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZhpmv_v2(
     handle: *mut c_void,
@@ -20390,7 +20390,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZhpmv_v2(
         ) as u32
     }
 }
-///`cublasZhpmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZhpmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZhpmv_v2_64(
     handle: *mut c_void,
@@ -20422,7 +20422,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZhpmv_v2_64(
         ) as u32
     }
 }
-///`cublasZhpr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZhpr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZhpr(
     uplo: i8,
@@ -20448,7 +20448,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZhpr(
         }
     }
 }
-///`cublasZhpr2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZhpr2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZhpr2(
     uplo: i8,
@@ -20478,7 +20478,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZhpr2(
         }
     }
 }
-///`cublasZhpr2_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZhpr2_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZhpr2_v2(
     handle: *mut c_void,
@@ -20508,7 +20508,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZhpr2_v2(
         ) as u32
     }
 }
-///`cublasZhpr2_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZhpr2_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZhpr2_v2_64(
     handle: *mut c_void,
@@ -20538,7 +20538,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZhpr2_v2_64(
         ) as u32
     }
 }
-///`cublasZhpr_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZhpr_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZhpr_v2(
     handle: *mut c_void,
@@ -20564,7 +20564,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZhpr_v2(
         ) as u32
     }
 }
-///`cublasZhpr_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZhpr_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZhpr_v2_64(
     handle: *mut c_void,
@@ -20590,7 +20590,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZhpr_v2_64(
         ) as u32
     }
 }
-///`cublasZmatinvBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZmatinvBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZmatinvBatched(
     handle: *mut c_void,
@@ -20618,7 +20618,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZmatinvBatched(
         ) as u32
     }
 }
-///`cublasZrot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZrot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZrot(
     n: i32,
@@ -20646,7 +20646,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZrot(
         }
     }
 }
-///`cublasZrot_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZrot_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZrot_v2(
     handle: *mut c_void,
@@ -20674,7 +20674,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZrot_v2(
         ) as u32
     }
 }
-///`cublasZrot_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZrot_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZrot_v2_64(
     handle: *mut c_void,
@@ -20702,7 +20702,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZrot_v2_64(
         ) as u32
     }
 }
-///`cublasZrotg` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasZrotg` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZrotg(
     ca: *mut c_void,
@@ -20724,7 +20724,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZrotg(
         }
     }
 }
-///`cublasZrotg_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasZrotg_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZrotg_v2(
     handle: *mut c_void,
@@ -20746,7 +20746,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZrotg_v2(
         ) as u32
     }
 }
-///`cublasZscal` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZscal` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZscal(
     n: i32,
@@ -20768,7 +20768,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZscal(
         }
     }
 }
-///`cublasZscal_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZscal_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZscal_v2(
     handle: *mut c_void,
@@ -20790,7 +20790,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZscal_v2(
         ) as u32
     }
 }
-///`cublasZscal_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZscal_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZscal_v2_64(
     handle: *mut c_void,
@@ -20812,7 +20812,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZscal_v2_64(
         ) as u32
     }
 }
-///`cublasZswap` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZswap` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZswap(
     n: i32,
@@ -20836,7 +20836,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZswap(
         }
     }
 }
-///`cublasZswap_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZswap_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZswap_v2(
     handle: *mut c_void,
@@ -20860,7 +20860,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZswap_v2(
         ) as u32
     }
 }
-///`cublasZswap_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZswap_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZswap_v2_64(
     handle: *mut c_void,
@@ -20884,7 +20884,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZswap_v2_64(
         ) as u32
     }
 }
-///`cublasZsymm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZsymm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZsymm(
     side: i8,
@@ -20922,7 +20922,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZsymm(
         }
     }
 }
-///`cublasZsymm_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZsymm_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZsymm_v2(
     handle: *mut c_void,
@@ -20960,7 +20960,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZsymm_v2(
         ) as u32
     }
 }
-///`cublasZsymm_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZsymm_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZsymm_v2_64(
     handle: *mut c_void,
@@ -20998,7 +20998,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZsymm_v2_64(
         ) as u32
     }
 }
-///`cublasZsymv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZsymv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZsymv_v2(
     handle: *mut c_void,
@@ -21032,7 +21032,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZsymv_v2(
         ) as u32
     }
 }
-///`cublasZsymv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZsymv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZsymv_v2_64(
     handle: *mut c_void,
@@ -21066,7 +21066,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZsymv_v2_64(
         ) as u32
     }
 }
-///`cublasZsyr2_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZsyr2_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZsyr2_v2(
     handle: *mut c_void,
@@ -21098,7 +21098,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZsyr2_v2(
         ) as u32
     }
 }
-///`cublasZsyr2_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZsyr2_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZsyr2_v2_64(
     handle: *mut c_void,
@@ -21130,7 +21130,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZsyr2_v2_64(
         ) as u32
     }
 }
-///`cublasZsyr2k` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZsyr2k` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZsyr2k(
     uplo: i8,
@@ -21168,7 +21168,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZsyr2k(
         }
     }
 }
-///`cublasZsyr2k_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZsyr2k_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZsyr2k_v2(
     handle: *mut c_void,
@@ -21206,7 +21206,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZsyr2k_v2(
         ) as u32
     }
 }
-///`cublasZsyr2k_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZsyr2k_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZsyr2k_v2_64(
     handle: *mut c_void,
@@ -21244,7 +21244,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZsyr2k_v2_64(
         ) as u32
     }
 }
-///`cublasZsyr_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZsyr_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZsyr_v2(
     handle: *mut c_void,
@@ -21272,7 +21272,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZsyr_v2(
         ) as u32
     }
 }
-///`cublasZsyr_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZsyr_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZsyr_v2_64(
     handle: *mut c_void,
@@ -21300,7 +21300,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZsyr_v2_64(
         ) as u32
     }
 }
-///`cublasZsyrk` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZsyrk` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZsyrk(
     uplo: i8,
@@ -21334,7 +21334,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZsyrk(
         }
     }
 }
-///`cublasZsyrk_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZsyrk_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZsyrk_v2(
     handle: *mut c_void,
@@ -21368,7 +21368,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZsyrk_v2(
         ) as u32
     }
 }
-///`cublasZsyrk_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZsyrk_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZsyrk_v2_64(
     handle: *mut c_void,
@@ -21402,7 +21402,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZsyrk_v2_64(
         ) as u32
     }
 }
-///`cublasZsyrkx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZsyrkx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZsyrkx(
     handle: *mut c_void,
@@ -21440,7 +21440,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZsyrkx(
         ) as u32
     }
 }
-///`cublasZsyrkx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZsyrkx_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZsyrkx_64(
     handle: *mut c_void,
@@ -21478,7 +21478,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZsyrkx_64(
         ) as u32
     }
 }
-///`cublasZtbmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZtbmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZtbmv(
     uplo: i8,
@@ -21510,7 +21510,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZtbmv(
         }
     }
 }
-///`cublasZtbmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZtbmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZtbmv_v2(
     handle: *mut c_void,
@@ -21542,7 +21542,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZtbmv_v2(
         ) as u32
     }
 }
-///`cublasZtbmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZtbmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZtbmv_v2_64(
     handle: *mut c_void,
@@ -21574,7 +21574,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZtbmv_v2_64(
         ) as u32
     }
 }
-///`cublasZtbsv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZtbsv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZtbsv(
     uplo: i8,
@@ -21606,7 +21606,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZtbsv(
         }
     }
 }
-///`cublasZtbsv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZtbsv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZtbsv_v2(
     handle: *mut c_void,
@@ -21638,7 +21638,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZtbsv_v2(
         ) as u32
     }
 }
-///`cublasZtbsv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZtbsv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZtbsv_v2_64(
     handle: *mut c_void,
@@ -21670,7 +21670,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZtbsv_v2_64(
         ) as u32
     }
 }
-///`cublasZtpmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZtpmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZtpmv(
     uplo: i8,
@@ -21698,7 +21698,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZtpmv(
         }
     }
 }
-///`cublasZtpmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZtpmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZtpmv_v2(
     handle: *mut c_void,
@@ -21726,7 +21726,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZtpmv_v2(
         ) as u32
     }
 }
-///`cublasZtpmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZtpmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZtpmv_v2_64(
     handle: *mut c_void,
@@ -21754,7 +21754,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZtpmv_v2_64(
         ) as u32
     }
 }
-///`cublasZtpsv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZtpsv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZtpsv(
     uplo: i8,
@@ -21782,7 +21782,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZtpsv(
         }
     }
 }
-///`cublasZtpsv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZtpsv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZtpsv_v2(
     handle: *mut c_void,
@@ -21810,7 +21810,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZtpsv_v2(
         ) as u32
     }
 }
-///`cublasZtpsv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZtpsv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZtpsv_v2_64(
     handle: *mut c_void,
@@ -21838,7 +21838,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZtpsv_v2_64(
         ) as u32
     }
 }
-///`cublasZtpttr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZtpttr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZtpttr(
     handle: *mut c_void,
@@ -21862,7 +21862,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZtpttr(
         ) as u32
     }
 }
-///`cublasZtrmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZtrmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZtrmm(
     side: i8,
@@ -21898,7 +21898,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZtrmm(
         }
     }
 }
-///`cublasZtrmm_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZtrmm_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZtrmm_v2(
     handle: *mut c_void,
@@ -21938,7 +21938,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZtrmm_v2(
         ) as u32
     }
 }
-///`cublasZtrmm_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZtrmm_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZtrmm_v2_64(
     handle: *mut c_void,
@@ -21978,7 +21978,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZtrmm_v2_64(
         ) as u32
     }
 }
-///`cublasZtrmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZtrmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZtrmv(
     uplo: i8,
@@ -22008,7 +22008,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZtrmv(
         }
     }
 }
-///`cublasZtrmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZtrmv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZtrmv_v2(
     handle: *mut c_void,
@@ -22038,7 +22038,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZtrmv_v2(
         ) as u32
     }
 }
-///`cublasZtrmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZtrmv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZtrmv_v2_64(
     handle: *mut c_void,
@@ -22068,7 +22068,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZtrmv_v2_64(
         ) as u32
     }
 }
-///`cublasZtrsm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZtrsm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZtrsm(
     side: i8,
@@ -22104,7 +22104,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZtrsm(
         }
     }
 }
-///`cublasZtrsmBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZtrsmBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZtrsmBatched(
     handle: *mut c_void,
@@ -22142,7 +22142,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZtrsmBatched(
         ) as u32
     }
 }
-///`cublasZtrsmBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZtrsmBatched_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZtrsmBatched_64(
     handle: *mut c_void,
@@ -22180,7 +22180,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZtrsmBatched_64(
         ) as u32
     }
 }
-///`cublasZtrsm_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZtrsm_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZtrsm_v2(
     handle: *mut c_void,
@@ -22216,7 +22216,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZtrsm_v2(
         ) as u32
     }
 }
-///`cublasZtrsm_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZtrsm_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZtrsm_v2_64(
     handle: *mut c_void,
@@ -22252,7 +22252,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZtrsm_v2_64(
         ) as u32
     }
 }
-///`cublasZtrsv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZtrsv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZtrsv(
     uplo: i8,
@@ -22282,7 +22282,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZtrsv(
         }
     }
 }
-///`cublasZtrsv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZtrsv_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZtrsv_v2(
     handle: *mut c_void,
@@ -22312,7 +22312,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZtrsv_v2(
         ) as u32
     }
 }
-///`cublasZtrsv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZtrsv_v2_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZtrsv_v2_64(
     handle: *mut c_void,
@@ -22342,7 +22342,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasZtrsv_v2_64(
         ) as u32
     }
 }
-///`cublasZtrttp` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasZtrttp` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasZtrttp(
     handle: *mut c_void,

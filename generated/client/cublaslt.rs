@@ -4,7 +4,7 @@
 
 #[allow(unused_imports)]
 use core::ffi::c_void;
-///`cublasLtCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasLtCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtCreate(
     lightHandle: *mut c_void,
@@ -16,7 +16,7 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtCreate(
         ) as u32
     }
 }
-///`cublasLtDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasLtDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtDestroy(
     lightHandle: *mut c_void,
@@ -28,7 +28,7 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtDestroy(
         ) as u32
     }
 }
-///`cublasLtDisableCpuInstructionsSetMask` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasLtDisableCpuInstructionsSetMask` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtDisableCpuInstructionsSetMask(
     mask: u32,
@@ -40,7 +40,7 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtDisableCpuInstructionsSetMas
         ) as u32
     }
 }
-///`cublasLtEmulationDescCreate` for CUDA 13.1 (sync).
+///`cublasLtEmulationDescCreate` for CUDA 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtEmulationDescCreate(
     emulationDesc: *mut c_void,
@@ -52,7 +52,7 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtEmulationDescCreate(
         ) as u32
     }
 }
-///`cublasLtEmulationDescDestroy` for CUDA 13.1 (async).
+///`cublasLtEmulationDescDestroy` for CUDA 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtEmulationDescDestroy(
     emulationDesc: *mut c_void,
@@ -64,7 +64,7 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtEmulationDescDestroy(
         ) as u32
     }
 }
-///`cublasLtEmulationDescInit_internal` for CUDA 13.1 (sync).
+///`cublasLtEmulationDescInit_internal` for CUDA 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtEmulationDescInit_internal(
     emulationDesc: *mut c_void,
@@ -77,7 +77,7 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtEmulationDescInit_internal(
         ) as u32
     }
 }
-///`cublasLtGetCudartVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasLtGetCudartVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtGetCudartVersion() -> usize {
     unsafe {
@@ -87,7 +87,7 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtGetCudartVersion() -> usize 
         ) as usize
     }
 }
-///`cublasLtGetProperty` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasLtGetProperty` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtGetProperty(
     r#type: u32,
@@ -100,30 +100,30 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtGetProperty(
         ) as u32
     }
 }
-///`cublasLtGetStatusName` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local, generated).
+///`cublasLtGetStatusName` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local, generated).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtGetStatusName(
     status: u32,
 ) -> *mut c_void {
     unsafe {
-        crate::runtime::error_name("13.1", "cublaslt", status as i64) as *mut c_void
+        crate::runtime::error_name("13.5", "cublaslt", status as i64) as *mut c_void
     }
 }
-///`cublasLtGetStatusString` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local, generated).
+///`cublasLtGetStatusString` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local, generated).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtGetStatusString(
     status: u32,
 ) -> *mut c_void {
     unsafe {
         crate::runtime::error_string(
-            "13.1",
+            "13.5",
             "cublaslt",
             "cublasLtGetStatusString",
             status as i64,
         ) as *mut c_void
     }
 }
-///`cublasLtGetVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasLtGetVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtGetVersion() -> usize {
     unsafe {
@@ -131,7 +131,7 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtGetVersion() -> usize {
             as usize
     }
 }
-///`cublasLtHeuristicsCacheGetCapacity` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasLtHeuristicsCacheGetCapacity` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtHeuristicsCacheGetCapacity(
     capacity: *mut c_void,
@@ -143,7 +143,7 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtHeuristicsCacheGetCapacity(
         ) as u32
     }
 }
-///`cublasLtHeuristicsCacheSetCapacity` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasLtHeuristicsCacheSetCapacity` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtHeuristicsCacheSetCapacity(
     capacity: usize,
@@ -155,7 +155,7 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtHeuristicsCacheSetCapacity(
         ) as u32
     }
 }
-///`cublasLtLoggerForceDisable` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasLtLoggerForceDisable` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtLoggerForceDisable() -> u32 {
     unsafe {
@@ -165,7 +165,7 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtLoggerForceDisable() -> u32 
         ) as u32
     }
 }
-///`cublasLtLoggerSetLevel` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasLtLoggerSetLevel` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtLoggerSetLevel(level: i32) -> u32 {
     unsafe {
@@ -175,7 +175,7 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtLoggerSetLevel(level: i32) -
         ) as u32
     }
 }
-///`cublasLtLoggerSetMask` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasLtLoggerSetMask` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtLoggerSetMask(mask: i32) -> u32 {
     unsafe {
@@ -273,7 +273,51 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmul__cu126(
         ) as u32
     }
 }
-///`cublasLtMatmulAlgoCapGetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasLtMatmul` for CUDA 13.5 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmul__cu135(
+    lightHandle: *mut c_void,
+    computeDesc: *mut c_void,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    Adesc: *mut c_void,
+    B: *mut c_void,
+    Bdesc: *mut c_void,
+    beta: *mut c_void,
+    C: *mut c_void,
+    Cdesc: *mut c_void,
+    D: *mut c_void,
+    Ddesc: *mut c_void,
+    algo: *mut c_void,
+    workspace: *mut c_void,
+    workspaceSizeInBytes: usize,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublaslt::cublasLtMatmul__cu135,
+            &[
+                (lightHandle) as usize as u64,
+                (computeDesc) as usize as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (Adesc) as usize as u64,
+                (B) as usize as u64,
+                (Bdesc) as usize as u64,
+                (beta) as usize as u64,
+                (C) as usize as u64,
+                (Cdesc) as usize as u64,
+                (D) as usize as u64,
+                (Ddesc) as usize as u64,
+                (algo) as usize as u64,
+                (workspace) as usize as u64,
+                (workspaceSizeInBytes) as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasLtMatmulAlgoCapGetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulAlgoCapGetAttribute(
     algo: *mut c_void,
@@ -351,7 +395,65 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulAlgoCheck__cu126(
         ) as u32
     }
 }
-///`cublasLtMatmulAlgoConfigGetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasLtMatmulAlgoCheck` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulAlgoCheck__cu135(
+    lightHandle: *mut c_void,
+    operationDesc: *mut c_void,
+    Adesc: *mut c_void,
+    Bdesc: *mut c_void,
+    Cdesc: *mut c_void,
+    Ddesc: *mut c_void,
+    algo: *mut c_void,
+    result: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublaslt::cublasLtMatmulAlgoCheck__cu135,
+            &[
+                (lightHandle) as usize as u64,
+                (operationDesc) as usize as u64,
+                (Adesc) as usize as u64,
+                (Bdesc) as usize as u64,
+                (Cdesc) as usize as u64,
+                (Ddesc) as usize as u64,
+                (algo) as usize as u64,
+                (result) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasLtMatmulAlgoCheckForStream` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulAlgoCheckForStream(
+    lightHandle: *mut c_void,
+    operationDesc: *mut c_void,
+    Adesc: *mut c_void,
+    Bdesc: *mut c_void,
+    Cdesc: *mut c_void,
+    Ddesc: *mut c_void,
+    algo: *mut c_void,
+    result: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublaslt::cublasLtMatmulAlgoCheckForStream,
+            &[
+                (lightHandle) as usize as u64,
+                (operationDesc) as usize as u64,
+                (Adesc) as usize as u64,
+                (Bdesc) as usize as u64,
+                (Cdesc) as usize as u64,
+                (Ddesc) as usize as u64,
+                (algo) as usize as u64,
+                (result) as usize as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasLtMatmulAlgoConfigGetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulAlgoConfigGetAttribute(
     algo: *mut c_void,
@@ -373,7 +475,7 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulAlgoConfigGetAttribute
         ) as u32
     }
 }
-///`cublasLtMatmulAlgoConfigSetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasLtMatmulAlgoConfigSetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulAlgoConfigSetAttribute(
     algo: *mut c_void,
@@ -528,7 +630,86 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulAlgoGetHeuristic__cu12
         )
     }
 }
-///`cublasLtMatmulAlgoGetIds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasLtMatmulAlgoGetHeuristic` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulAlgoGetHeuristic__cu135(
+    lightHandle: *mut c_void,
+    operationDesc: *mut c_void,
+    Adesc: *mut c_void,
+    Bdesc: *mut c_void,
+    Cdesc: *mut c_void,
+    Ddesc: *mut c_void,
+    preference: *mut c_void,
+    requestedAlgoCount: i32,
+    heuristicResultsArray: *mut c_void,
+    returnAlgoCount: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cublasLtMatmulAlgoGetHeuristic",
+            version: "13.5",
+            library: "cublaslt",
+            forms: &[
+                &chidori_cuda::calls::cublaslt::cublasLtMatmulAlgoGetHeuristic__cu135__call,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 15i64,
+                unavailable: 1i64,
+                invalid_handle: 1i64,
+                invalid_value: 7i64,
+            },
+        };
+        crate::custom::cublaslt::matmul_algo_get_heuristic(
+            &CTX,
+            lightHandle,
+            operationDesc,
+            Adesc,
+            Bdesc,
+            Cdesc,
+            Ddesc,
+            preference,
+            requestedAlgoCount,
+            heuristicResultsArray,
+            returnAlgoCount,
+        )
+    }
+}
+///`cublasLtMatmulAlgoGetHeuristicForStream` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulAlgoGetHeuristicForStream(
+    lightHandle: *mut c_void,
+    operationDesc: *mut c_void,
+    Adesc: *mut c_void,
+    Bdesc: *mut c_void,
+    Cdesc: *mut c_void,
+    Ddesc: *mut c_void,
+    preference: *mut c_void,
+    requestedAlgoCount: i32,
+    heuristicResultsArray: *mut c_void,
+    returnAlgoCount: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublaslt::cublasLtMatmulAlgoGetHeuristicForStream,
+            &[
+                (lightHandle) as usize as u64,
+                (operationDesc) as usize as u64,
+                (Adesc) as usize as u64,
+                (Bdesc) as usize as u64,
+                (Cdesc) as usize as u64,
+                (Ddesc) as usize as u64,
+                (preference) as usize as u64,
+                (requestedAlgoCount) as i64 as u64,
+                (heuristicResultsArray) as usize as u64,
+                (returnAlgoCount) as usize as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasLtMatmulAlgoGetIds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulAlgoGetIds(
     lightHandle: *mut c_void,
@@ -560,7 +741,7 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulAlgoGetIds(
         ) as u32
     }
 }
-///`cublasLtMatmulAlgoInit` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasLtMatmulAlgoInit` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulAlgoInit(
     lightHandle: *mut c_void,
@@ -621,7 +802,7 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulDescCreate__cu118(
         )
     }
 }
-///`cublasLtMatmulDescCreate` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasLtMatmulDescCreate` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulDescCreate__cu126(
     matmulDesc: *mut c_void,
@@ -631,7 +812,7 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulDescCreate__cu126(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cublasLtMatmulDescCreate",
-            version: "13.1",
+            version: "13.5",
             library: "cublaslt",
             forms: &[
                 &chidori_cuda::calls::cublaslt::cublasLtMatmulDescCreate__cu126__call,
@@ -676,7 +857,7 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulDescDestroy__cu118(
         crate::custom::cublaslt::descriptor_destroy(&CTX, matmulDesc)
     }
 }
-///`cublasLtMatmulDescDestroy` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasLtMatmulDescDestroy` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulDescDestroy__cu126(
     matmulDesc: *mut c_void,
@@ -684,7 +865,7 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulDescDestroy__cu126(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cublasLtMatmulDescDestroy",
-            version: "13.1",
+            version: "13.5",
             library: "cublaslt",
             forms: &[
                 &chidori_cuda::calls::cublaslt::cublasLtMatmulDescDestroy__cu126__call,
@@ -722,7 +903,7 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulDescGetAttribute__cu11
         ) as u32
     }
 }
-///`cublasLtMatmulDescGetAttribute` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasLtMatmulDescGetAttribute` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulDescGetAttribute__cu126(
     matmulDesc: *mut c_void,
@@ -764,7 +945,7 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulDescInit_internal__cu1
         ) as u32
     }
 }
-///`cublasLtMatmulDescInit_internal` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasLtMatmulDescInit_internal` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulDescInit_internal__cu126(
     matmulDesc: *mut c_void,
@@ -817,7 +998,7 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulDescSetAttribute__cu11
         )
     }
 }
-///`cublasLtMatmulDescSetAttribute` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasLtMatmulDescSetAttribute` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulDescSetAttribute__cu126(
     matmulDesc: *mut c_void,
@@ -828,7 +1009,7 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulDescSetAttribute__cu12
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cublasLtMatmulDescSetAttribute",
-            version: "13.1",
+            version: "13.5",
             library: "cublaslt",
             forms: &[
                 &chidori_cuda::calls::cublaslt::cublasLtMatmulDescSetAttribute__cu126__call,
@@ -898,6 +1079,30 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulPreferenceCreate__cu12
         crate::custom::cublaslt::preference_create(&CTX, pref)
     }
 }
+///`cublasLtMatmulPreferenceCreate` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulPreferenceCreate__cu135(
+    pref: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cublasLtMatmulPreferenceCreate",
+            version: "13.5",
+            library: "cublaslt",
+            forms: &[
+                &chidori_cuda::calls::cublaslt::cublasLtMatmulPreferenceCreate__cu135__call,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 15i64,
+                unavailable: 1i64,
+                invalid_handle: 1i64,
+                invalid_value: 7i64,
+            },
+        };
+        crate::custom::cublaslt::preference_create(&CTX, pref)
+    }
+}
 ///`cublasLtMatmulPreferenceDestroy` for CUDA 11.8 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulPreferenceDestroy__cu118(
@@ -934,6 +1139,30 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulPreferenceDestroy__cu1
             library: "cublaslt",
             forms: &[
                 &chidori_cuda::calls::cublaslt::cublasLtMatmulPreferenceDestroy__cu121__call,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 15i64,
+                unavailable: 1i64,
+                invalid_handle: 1i64,
+                invalid_value: 7i64,
+            },
+        };
+        crate::custom::cublaslt::descriptor_destroy(&CTX, pref)
+    }
+}
+///`cublasLtMatmulPreferenceDestroy` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulPreferenceDestroy__cu135(
+    pref: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cublasLtMatmulPreferenceDestroy",
+            version: "13.5",
+            library: "cublaslt",
+            forms: &[
+                &chidori_cuda::calls::cublaslt::cublasLtMatmulPreferenceDestroy__cu135__call,
             ],
             codes: chidori_cuda::desc::Codes {
                 success: 0i64,
@@ -990,6 +1219,28 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulPreferenceGetAttribute
         ) as u32
     }
 }
+///`cublasLtMatmulPreferenceGetAttribute` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulPreferenceGetAttribute__cu135(
+    pref: *mut c_void,
+    attr: u32,
+    buf: *mut c_void,
+    sizeInBytes: usize,
+    sizeWritten: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublaslt::cublasLtMatmulPreferenceGetAttribute__cu135,
+            &[
+                (pref) as usize as u64,
+                (attr) as u64,
+                (buf) as usize as u64,
+                (sizeInBytes) as u64,
+                (sizeWritten) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cublasLtMatmulPreferenceInit_internal` for CUDA 11.8 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulPreferenceInit_internal__cu118(
@@ -1012,6 +1263,19 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulPreferenceInit_interna
     unsafe {
         crate::runtime::call(
             &chidori_cuda::calls::cublaslt::cublasLtMatmulPreferenceInit_internal__cu121,
+            &[(pref) as usize as u64, (size) as u64],
+        ) as u32
+    }
+}
+///`cublasLtMatmulPreferenceInit_internal` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulPreferenceInit_internal__cu135(
+    pref: *mut c_void,
+    size: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublaslt::cublasLtMatmulPreferenceInit_internal__cu135,
             &[(pref) as usize as u64, (size) as u64],
         ) as u32
     }
@@ -1082,9 +1346,42 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulPreferenceSetAttribute
         )
     }
 }
+///`cublasLtMatmulPreferenceSetAttribute` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulPreferenceSetAttribute__cu135(
+    pref: *mut c_void,
+    attr: u32,
+    buf: *mut c_void,
+    sizeInBytes: usize,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cublasLtMatmulPreferenceSetAttribute",
+            version: "13.5",
+            library: "cublaslt",
+            forms: &[
+                &chidori_cuda::calls::cublaslt::cublasLtMatmulPreferenceSetAttribute__cu135__call,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 15i64,
+                unavailable: 1i64,
+                invalid_handle: 1i64,
+                invalid_value: 7i64,
+            },
+        };
+        crate::custom::cublaslt::descriptor_set_attribute(
+            &CTX,
+            pref,
+            attr,
+            buf,
+            sizeInBytes,
+        )
+    }
+}
 ///`cublasLtMatrixLayoutCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixLayoutCreate(
+pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixLayoutCreate__cu118(
     matLayout: *mut c_void,
     r#type: u32,
     rows: u64,
@@ -1096,7 +1393,44 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixLayoutCreate(
             name: "cublasLtMatrixLayoutCreate",
             version: "13.1",
             library: "cublaslt",
-            forms: &[&chidori_cuda::calls::cublaslt::cublasLtMatrixLayoutCreate__call],
+            forms: &[
+                &chidori_cuda::calls::cublaslt::cublasLtMatrixLayoutCreate__cu118__call,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 15i64,
+                unavailable: 1i64,
+                invalid_handle: 1i64,
+                invalid_value: 7i64,
+            },
+        };
+        crate::custom::cublaslt::matrix_layout_create(
+            &CTX,
+            matLayout,
+            r#type,
+            rows,
+            cols,
+            ld,
+        )
+    }
+}
+///`cublasLtMatrixLayoutCreate` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixLayoutCreate__cu135(
+    matLayout: *mut c_void,
+    r#type: u32,
+    rows: u64,
+    cols: u64,
+    ld: i64,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cublasLtMatrixLayoutCreate",
+            version: "13.5",
+            library: "cublaslt",
+            forms: &[
+                &chidori_cuda::calls::cublaslt::cublasLtMatrixLayoutCreate__cu135__call,
+            ],
             codes: chidori_cuda::desc::Codes {
                 success: 0i64,
                 not_supported: 15i64,
@@ -1117,7 +1451,7 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixLayoutCreate(
 }
 ///`cublasLtMatrixLayoutDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixLayoutDestroy(
+pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixLayoutDestroy__cu118(
     matLayout: *mut c_void,
 ) -> u32 {
     unsafe {
@@ -1125,7 +1459,33 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixLayoutDestroy(
             name: "cublasLtMatrixLayoutDestroy",
             version: "13.1",
             library: "cublaslt",
-            forms: &[&chidori_cuda::calls::cublaslt::cublasLtMatrixLayoutDestroy__call],
+            forms: &[
+                &chidori_cuda::calls::cublaslt::cublasLtMatrixLayoutDestroy__cu118__call,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 15i64,
+                unavailable: 1i64,
+                invalid_handle: 1i64,
+                invalid_value: 7i64,
+            },
+        };
+        crate::custom::cublaslt::descriptor_destroy(&CTX, matLayout)
+    }
+}
+///`cublasLtMatrixLayoutDestroy` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixLayoutDestroy__cu135(
+    matLayout: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cublasLtMatrixLayoutDestroy",
+            version: "13.5",
+            library: "cublaslt",
+            forms: &[
+                &chidori_cuda::calls::cublaslt::cublasLtMatrixLayoutDestroy__cu135__call,
+            ],
             codes: chidori_cuda::desc::Codes {
                 success: 0i64,
                 not_supported: 15i64,
@@ -1139,7 +1499,7 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixLayoutDestroy(
 }
 ///`cublasLtMatrixLayoutGetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixLayoutGetAttribute(
+pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixLayoutGetAttribute__cu118(
     matLayout: *mut c_void,
     attr: u32,
     buf: *mut c_void,
@@ -1148,7 +1508,29 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixLayoutGetAttribute(
 ) -> u32 {
     unsafe {
         crate::runtime::call(
-            &chidori_cuda::calls::cublaslt::cublasLtMatrixLayoutGetAttribute,
+            &chidori_cuda::calls::cublaslt::cublasLtMatrixLayoutGetAttribute__cu118,
+            &[
+                (matLayout) as usize as u64,
+                (attr) as u64,
+                (buf) as usize as u64,
+                (sizeInBytes) as u64,
+                (sizeWritten) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasLtMatrixLayoutGetAttribute` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixLayoutGetAttribute__cu135(
+    matLayout: *mut c_void,
+    attr: u32,
+    buf: *mut c_void,
+    sizeInBytes: usize,
+    sizeWritten: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublaslt::cublasLtMatrixLayoutGetAttribute__cu135,
             &[
                 (matLayout) as usize as u64,
                 (attr) as u64,
@@ -1161,7 +1543,7 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixLayoutGetAttribute(
 }
 ///`cublasLtMatrixLayoutInit_internal` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixLayoutInit_internal(
+pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixLayoutInit_internal__cu118(
     matLayout: *mut c_void,
     size: usize,
     r#type: u32,
@@ -1171,7 +1553,31 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixLayoutInit_internal(
 ) -> u32 {
     unsafe {
         crate::runtime::call(
-            &chidori_cuda::calls::cublaslt::cublasLtMatrixLayoutInit_internal,
+            &chidori_cuda::calls::cublaslt::cublasLtMatrixLayoutInit_internal__cu118,
+            &[
+                (matLayout) as usize as u64,
+                (size) as u64,
+                (r#type) as u64,
+                (rows) as u64,
+                (cols) as u64,
+                (ld) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasLtMatrixLayoutInit_internal` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixLayoutInit_internal__cu135(
+    matLayout: *mut c_void,
+    size: usize,
+    r#type: u32,
+    rows: u64,
+    cols: u64,
+    ld: i64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublaslt::cublasLtMatrixLayoutInit_internal__cu135,
             &[
                 (matLayout) as usize as u64,
                 (size) as u64,
@@ -1185,7 +1591,7 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixLayoutInit_internal(
 }
 ///`cublasLtMatrixLayoutSetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixLayoutSetAttribute(
+pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixLayoutSetAttribute__cu118(
     matLayout: *mut c_void,
     attr: u32,
     buf: *mut c_void,
@@ -1197,7 +1603,40 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixLayoutSetAttribute(
             version: "13.1",
             library: "cublaslt",
             forms: &[
-                &chidori_cuda::calls::cublaslt::cublasLtMatrixLayoutSetAttribute__call,
+                &chidori_cuda::calls::cublaslt::cublasLtMatrixLayoutSetAttribute__cu118__call,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 15i64,
+                unavailable: 1i64,
+                invalid_handle: 1i64,
+                invalid_value: 7i64,
+            },
+        };
+        crate::custom::cublaslt::descriptor_set_attribute(
+            &CTX,
+            matLayout,
+            attr,
+            buf,
+            sizeInBytes,
+        )
+    }
+}
+///`cublasLtMatrixLayoutSetAttribute` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixLayoutSetAttribute__cu135(
+    matLayout: *mut c_void,
+    attr: u32,
+    buf: *mut c_void,
+    sizeInBytes: usize,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cublasLtMatrixLayoutSetAttribute",
+            version: "13.5",
+            library: "cublaslt",
+            forms: &[
+                &chidori_cuda::calls::cublaslt::cublasLtMatrixLayoutSetAttribute__cu135__call,
             ],
             codes: chidori_cuda::desc::Codes {
                 success: 0i64,
@@ -1218,7 +1657,7 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixLayoutSetAttribute(
 }
 ///`cublasLtMatrixTransform` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixTransform(
+pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixTransform__cu118(
     lightHandle: *mut c_void,
     transformDesc: *mut c_void,
     alpha: *mut c_void,
@@ -1233,7 +1672,7 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixTransform(
 ) -> u32 {
     unsafe {
         crate::runtime::call(
-            &chidori_cuda::calls::cublaslt::cublasLtMatrixTransform,
+            &chidori_cuda::calls::cublaslt::cublasLtMatrixTransform__cu118,
             &[
                 (lightHandle) as usize as u64,
                 (transformDesc) as usize as u64,
@@ -1250,7 +1689,41 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixTransform(
         ) as u32
     }
 }
-///`cublasLtMatrixTransformDescCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasLtMatrixTransform` for CUDA 13.5 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixTransform__cu135(
+    lightHandle: *mut c_void,
+    transformDesc: *mut c_void,
+    alpha: *mut c_void,
+    A: *mut c_void,
+    Adesc: *mut c_void,
+    beta: *mut c_void,
+    B: *mut c_void,
+    Bdesc: *mut c_void,
+    C: *mut c_void,
+    Cdesc: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublaslt::cublasLtMatrixTransform__cu135,
+            &[
+                (lightHandle) as usize as u64,
+                (transformDesc) as usize as u64,
+                (alpha) as usize as u64,
+                (A) as usize as u64,
+                (Adesc) as usize as u64,
+                (beta) as usize as u64,
+                (B) as usize as u64,
+                (Bdesc) as usize as u64,
+                (C) as usize as u64,
+                (Cdesc) as usize as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasLtMatrixTransformDescCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixTransformDescCreate(
     transformDesc: *mut c_void,
@@ -1259,7 +1732,7 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixTransformDescCreate(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cublasLtMatrixTransformDescCreate",
-            version: "13.1",
+            version: "13.5",
             library: "cublaslt",
             forms: &[
                 &chidori_cuda::calls::cublaslt::cublasLtMatrixTransformDescCreate__call,
@@ -1275,7 +1748,7 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixTransformDescCreate(
         crate::custom::cublaslt::transform_desc_create(&CTX, transformDesc, scaleType)
     }
 }
-///`cublasLtMatrixTransformDescDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasLtMatrixTransformDescDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixTransformDescDestroy(
     transformDesc: *mut c_void,
@@ -1283,7 +1756,7 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixTransformDescDestroy(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cublasLtMatrixTransformDescDestroy",
-            version: "13.1",
+            version: "13.5",
             library: "cublaslt",
             forms: &[
                 &chidori_cuda::calls::cublaslt::cublasLtMatrixTransformDescDestroy__call,
@@ -1299,7 +1772,7 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixTransformDescDestroy(
         crate::custom::cublaslt::descriptor_destroy(&CTX, transformDesc)
     }
 }
-///`cublasLtMatrixTransformDescGetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasLtMatrixTransformDescGetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixTransformDescGetAttribute(
     transformDesc: *mut c_void,
@@ -1321,7 +1794,7 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixTransformDescGetAttrib
         ) as u32
     }
 }
-///`cublasLtMatrixTransformDescInit_internal` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cublasLtMatrixTransformDescInit_internal` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixTransformDescInit_internal(
     transformDesc: *mut c_void,
@@ -1335,7 +1808,7 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixTransformDescInit_inte
         ) as u32
     }
 }
-///`cublasLtMatrixTransformDescSetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cublasLtMatrixTransformDescSetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixTransformDescSetAttribute(
     transformDesc: *mut c_void,
@@ -1346,7 +1819,7 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixTransformDescSetAttrib
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cublasLtMatrixTransformDescSetAttribute",
-            version: "13.1",
+            version: "13.5",
             library: "cublaslt",
             forms: &[
                 &chidori_cuda::calls::cublaslt::cublasLtMatrixTransformDescSetAttribute__call,

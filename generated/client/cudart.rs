@@ -4,7 +4,7 @@
 
 #[allow(unused_imports)]
 use core::ffi::c_void;
-///`__cudaGetKernel` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`__cudaGetKernel` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart___cudaGetKernel(
     kernelPtr: *mut c_void,
@@ -12,14 +12,14 @@ pub unsafe extern "C" fn __chidori_cudart___cudaGetKernel(
 ) -> u32 {
     unsafe { crate::custom::cudart::__cudaGetKernel(kernelPtr, entryFuncAddr) }
 }
-///`__cudaInitModule` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`__cudaInitModule` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart___cudaInitModule(
     fatCubinHandle: *mut c_void,
 ) -> i8 {
     unsafe { crate::custom::cudart::__cudaInitModule(fatCubinHandle) }
 }
-///`__cudaLaunchKernel` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`__cudaLaunchKernel` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart___cudaLaunchKernel(
     kernel: *mut c_void,
@@ -40,7 +40,7 @@ pub unsafe extern "C" fn __chidori_cudart___cudaLaunchKernel(
         )
     }
 }
-///`__cudaLaunchKernel_ptsz` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`__cudaLaunchKernel_ptsz` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart___cudaLaunchKernel_ptsz(
     kernel: *mut c_void,
@@ -61,7 +61,7 @@ pub unsafe extern "C" fn __chidori_cudart___cudaLaunchKernel_ptsz(
         )
     }
 }
-///`__cudaPopCallConfiguration` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`__cudaPopCallConfiguration` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart___cudaPopCallConfiguration(
     gridDim: *mut c_void,
@@ -78,7 +78,7 @@ pub unsafe extern "C" fn __chidori_cudart___cudaPopCallConfiguration(
         )
     }
 }
-///`__cudaPushCallConfiguration` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`__cudaPushCallConfiguration` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart___cudaPushCallConfiguration(
     gridDim: chidori_cuda::types::dim3,
@@ -95,21 +95,21 @@ pub unsafe extern "C" fn __chidori_cudart___cudaPushCallConfiguration(
         )
     }
 }
-///`__cudaRegisterFatBinary` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`__cudaRegisterFatBinary` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart___cudaRegisterFatBinary(
     fatCubin: *mut c_void,
 ) -> *mut c_void {
     unsafe { crate::custom::cudart::__cudaRegisterFatBinary(fatCubin) }
 }
-///`__cudaRegisterFatBinaryEnd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`__cudaRegisterFatBinaryEnd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart___cudaRegisterFatBinaryEnd(
     fatCubinHandle: *mut c_void,
 ) {
     unsafe { crate::custom::cudart::__cudaRegisterFatBinaryEnd(fatCubinHandle) }
 }
-///`__cudaRegisterFunction` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`__cudaRegisterFunction` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart___cudaRegisterFunction(
     fatCubinHandle: *mut c_void,
@@ -138,7 +138,7 @@ pub unsafe extern "C" fn __chidori_cudart___cudaRegisterFunction(
         )
     }
 }
-///`__cudaRegisterHostVar` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`__cudaRegisterHostVar` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart___cudaRegisterHostVar(
     fatCubinHandle: *mut c_void,
@@ -155,7 +155,7 @@ pub unsafe extern "C" fn __chidori_cudart___cudaRegisterHostVar(
         )
     }
 }
-///`__cudaRegisterManagedVar` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`__cudaRegisterManagedVar` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart___cudaRegisterManagedVar(
     fatCubinHandle: *mut c_void,
@@ -180,7 +180,7 @@ pub unsafe extern "C" fn __chidori_cudart___cudaRegisterManagedVar(
         )
     }
 }
-///`__cudaRegisterVar` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`__cudaRegisterVar` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart___cudaRegisterVar(
     fatCubinHandle: *mut c_void,
@@ -205,14 +205,14 @@ pub unsafe extern "C" fn __chidori_cudart___cudaRegisterVar(
         )
     }
 }
-///`__cudaUnregisterFatBinary` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`__cudaUnregisterFatBinary` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart___cudaUnregisterFatBinary(
     fatCubinHandle: *mut c_void,
 ) {
     unsafe { crate::custom::cudart::__cudaUnregisterFatBinary(fatCubinHandle) }
 }
-///`cudaArrayGetInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaArrayGetInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaArrayGetInfo(
     desc: *mut c_void,
@@ -232,7 +232,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaArrayGetInfo(
         ) as u32
     }
 }
-///`cudaArrayGetMemoryRequirements` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaArrayGetMemoryRequirements` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaArrayGetMemoryRequirements(
     memoryRequirements: *mut c_void,
@@ -250,7 +250,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaArrayGetMemoryRequirements(
         ) as u32
     }
 }
-///`cudaArrayGetPlane` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaArrayGetPlane` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaArrayGetPlane(
     pPlaneArray: *mut c_void,
@@ -264,7 +264,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaArrayGetPlane(
         ) as u32
     }
 }
-///`cudaArrayGetSparseProperties` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaArrayGetSparseProperties` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaArrayGetSparseProperties(
     sparseProperties: *mut c_void,
@@ -349,7 +349,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaChooseDevice__cu121(
         ) as u32
     }
 }
-///`cudaChooseDevice` for CUDA 13.0, 13.1 (sync).
+///`cudaChooseDevice` for CUDA 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaChooseDevice__cu130(
     device: *mut c_void,
@@ -362,7 +362,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaChooseDevice__cu130(
         ) as u32
     }
 }
-///`cudaCreateChannelDesc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`cudaCreateChannelDesc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaCreateChannelDesc(
     x: i32,
@@ -374,7 +374,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaCreateChannelDesc(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudaCreateChannelDesc",
-            version: "13.1",
+            version: "13.5",
             library: "cudart",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -401,7 +401,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaCreateSurfaceObject__cu118(
         ) as u32
     }
 }
-///`cudaCreateSurfaceObject` for CUDA 13.0, 13.1 (sync).
+///`cudaCreateSurfaceObject` for CUDA 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaCreateSurfaceObject__cu130(
     pSurfObject: *mut c_void,
@@ -454,7 +454,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaCreateTextureObject__cu121(
         ) as u32
     }
 }
-///`cudaCreateTextureObject` for CUDA 13.0, 13.1 (sync).
+///`cudaCreateTextureObject` for CUDA 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaCreateTextureObject__cu130(
     pTexObject: *mut c_void,
@@ -494,7 +494,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaCreateTextureObject_v2(
         ) as u32
     }
 }
-///`cudaCtxResetPersistingL2Cache` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaCtxResetPersistingL2Cache` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaCtxResetPersistingL2Cache() -> u32 {
     unsafe {
@@ -504,7 +504,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaCtxResetPersistingL2Cache() -> u32
         ) as u32
     }
 }
-///`cudaDestroyExternalMemory` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaDestroyExternalMemory` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaDestroyExternalMemory(
     extMem: *mut c_void,
@@ -516,7 +516,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaDestroyExternalMemory(
         ) as u32
     }
 }
-///`cudaDestroyExternalSemaphore` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaDestroyExternalSemaphore` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaDestroyExternalSemaphore(
     extSem: *mut c_void,
@@ -528,7 +528,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaDestroyExternalSemaphore(
         ) as u32
     }
 }
-///`cudaDestroySurfaceObject` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaDestroySurfaceObject` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaDestroySurfaceObject(
     surfObject: u64,
@@ -540,7 +540,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaDestroySurfaceObject(
         ) as u32
     }
 }
-///`cudaDestroyTextureObject` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaDestroyTextureObject` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaDestroyTextureObject(
     texObject: u64,
@@ -552,7 +552,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaDestroyTextureObject(
         ) as u32
     }
 }
-///`cudaDevResourceGenerateDesc` for CUDA 13.1 (sync).
+///`cudaDevResourceGenerateDesc` for CUDA 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaDevResourceGenerateDesc(
     phDesc: *mut c_void,
@@ -572,7 +572,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaDevResourceGenerateDesc(
 }
 ///`cudaDevSmResourceSplit` for CUDA 13.1 (sync).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_cudart_cudaDevSmResourceSplit(
+pub unsafe extern "C" fn __chidori_cudart_cudaDevSmResourceSplit__cu131(
     result: *mut c_void,
     nbGroups: u32,
     input: *mut c_void,
@@ -582,7 +582,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaDevSmResourceSplit(
 ) -> u32 {
     unsafe {
         crate::runtime::call(
-            &chidori_cuda::calls::cudart::cudaDevSmResourceSplit,
+            &chidori_cuda::calls::cudart::cudaDevSmResourceSplit__cu131,
             &[
                 (result) as usize as u64,
                 (nbGroups) as u64,
@@ -594,7 +594,31 @@ pub unsafe extern "C" fn __chidori_cudart_cudaDevSmResourceSplit(
         ) as u32
     }
 }
-///`cudaDeviceCanAccessPeer` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaDevSmResourceSplit` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaDevSmResourceSplit__cu135(
+    result: *mut c_void,
+    nbGroups: u32,
+    input: *mut c_void,
+    remainder: *mut c_void,
+    flags: u32,
+    groupParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaDevSmResourceSplit__cu135,
+            &[
+                (result) as usize as u64,
+                (nbGroups) as u64,
+                (input) as usize as u64,
+                (remainder) as usize as u64,
+                (flags) as u64,
+                (groupParams) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaDeviceCanAccessPeer` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaDeviceCanAccessPeer(
     canAccessPeer: *mut c_void,
@@ -612,7 +636,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaDeviceCanAccessPeer(
         ) as u32
     }
 }
-///`cudaDeviceDisablePeerAccess` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaDeviceDisablePeerAccess` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaDeviceDisablePeerAccess(
     peerDevice: i32,
@@ -624,7 +648,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaDeviceDisablePeerAccess(
         ) as u32
     }
 }
-///`cudaDeviceEnablePeerAccess` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaDeviceEnablePeerAccess` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaDeviceEnablePeerAccess(
     peerDevice: i32,
@@ -637,7 +661,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaDeviceEnablePeerAccess(
         ) as u32
     }
 }
-///`cudaDeviceFlushGPUDirectRDMAWrites` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaDeviceFlushGPUDirectRDMAWrites` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaDeviceFlushGPUDirectRDMAWrites(
     target: u32,
@@ -650,7 +674,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaDeviceFlushGPUDirectRDMAWrites(
         ) as u32
     }
 }
-///`cudaDeviceGetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`cudaDeviceGetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaDeviceGetAttribute(
     value: *mut c_void,
@@ -659,7 +683,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaDeviceGetAttribute(
 ) -> u32 {
     unsafe { crate::custom::cudart::cudaDeviceGetAttribute(value, attr, device) }
 }
-///`cudaDeviceGetByPCIBusId` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaDeviceGetByPCIBusId` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaDeviceGetByPCIBusId(
     device: *mut c_void,
@@ -672,7 +696,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaDeviceGetByPCIBusId(
         ) as u32
     }
 }
-///`cudaDeviceGetCacheConfig` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaDeviceGetCacheConfig` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaDeviceGetCacheConfig(
     pCacheConfig: *mut c_void,
@@ -684,7 +708,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaDeviceGetCacheConfig(
         ) as u32
     }
 }
-///`cudaDeviceGetDefaultMemPool` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaDeviceGetDefaultMemPool` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaDeviceGetDefaultMemPool(
     memPool: *mut c_void,
@@ -697,7 +721,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaDeviceGetDefaultMemPool(
         ) as u32
     }
 }
-///`cudaDeviceGetDevResource` for CUDA 13.1 (sync).
+///`cudaDeviceGetDevResource` for CUDA 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaDeviceGetDevResource(
     device: i32,
@@ -711,7 +735,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaDeviceGetDevResource(
         ) as u32
     }
 }
-///`cudaDeviceGetExecutionCtx` for CUDA 13.1 (sync).
+///`cudaDeviceGetExecutionCtx` for CUDA 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaDeviceGetExecutionCtx(
     ctx: *mut c_void,
@@ -724,7 +748,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaDeviceGetExecutionCtx(
         ) as u32
     }
 }
-///`cudaDeviceGetGraphMemAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaDeviceGetGraphMemAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaDeviceGetGraphMemAttribute(
     device: i32,
@@ -738,7 +762,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaDeviceGetGraphMemAttribute(
         ) as u32
     }
 }
-///`cudaDeviceGetHostAtomicCapabilities` for CUDA 13.0, 13.1 (sync).
+///`cudaDeviceGetHostAtomicCapabilities` for CUDA 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaDeviceGetHostAtomicCapabilities(
     capabilities: *mut c_void,
@@ -758,7 +782,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaDeviceGetHostAtomicCapabilities(
         ) as u32
     }
 }
-///`cudaDeviceGetLimit` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaDeviceGetLimit` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaDeviceGetLimit(
     pValue: *mut c_void,
@@ -771,7 +795,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaDeviceGetLimit(
         ) as u32
     }
 }
-///`cudaDeviceGetMemPool` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaDeviceGetMemPool` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaDeviceGetMemPool(
     memPool: *mut c_void,
@@ -784,7 +808,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaDeviceGetMemPool(
         ) as u32
     }
 }
-///`cudaDeviceGetP2PAtomicCapabilities` for CUDA 13.0, 13.1 (sync).
+///`cudaDeviceGetP2PAtomicCapabilities` for CUDA 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaDeviceGetP2PAtomicCapabilities(
     capabilities: *mut c_void,
@@ -806,7 +830,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaDeviceGetP2PAtomicCapabilities(
         ) as u32
     }
 }
-///`cudaDeviceGetP2PAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaDeviceGetP2PAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaDeviceGetP2PAttribute(
     value: *mut c_void,
@@ -826,7 +850,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaDeviceGetP2PAttribute(
         ) as u32
     }
 }
-///`cudaDeviceGetPCIBusId` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaDeviceGetPCIBusId` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaDeviceGetPCIBusId(
     pciBusId: *mut c_void,
@@ -840,7 +864,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaDeviceGetPCIBusId(
         ) as u32
     }
 }
-///`cudaDeviceGetSharedMemConfig` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaDeviceGetSharedMemConfig` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaDeviceGetSharedMemConfig(
     pConfig: *mut c_void,
@@ -852,7 +876,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaDeviceGetSharedMemConfig(
         ) as u32
     }
 }
-///`cudaDeviceGetStreamPriorityRange` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaDeviceGetStreamPriorityRange` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaDeviceGetStreamPriorityRange(
     leastPriority: *mut c_void,
@@ -861,7 +885,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaDeviceGetStreamPriorityRange(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudaDeviceGetStreamPriorityRange",
-            version: "13.1",
+            version: "13.5",
             library: "cudart",
             forms: &[
                 &chidori_cuda::calls::cudart::cudaDeviceGetStreamPriorityRange__call,
@@ -881,7 +905,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaDeviceGetStreamPriorityRange(
         )
     }
 }
-///`cudaDeviceGetTexture1DLinearMaxWidth` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaDeviceGetTexture1DLinearMaxWidth` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaDeviceGetTexture1DLinearMaxWidth(
     maxWidthInElements: *mut c_void,
@@ -899,7 +923,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaDeviceGetTexture1DLinearMaxWidth(
         ) as u32
     }
 }
-///`cudaDeviceGraphMemTrim` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaDeviceGraphMemTrim` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaDeviceGraphMemTrim(device: i32) -> u32 {
     unsafe {
@@ -909,12 +933,12 @@ pub unsafe extern "C" fn __chidori_cudart_cudaDeviceGraphMemTrim(device: i32) ->
         ) as u32
     }
 }
-///`cudaDeviceReset` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaDeviceReset` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaDeviceReset() -> u32 {
     unsafe { crate::custom::cudart::cudaDeviceReset() }
 }
-///`cudaDeviceSetCacheConfig` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaDeviceSetCacheConfig` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaDeviceSetCacheConfig(
     cacheConfig: u32,
@@ -926,7 +950,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaDeviceSetCacheConfig(
         ) as u32
     }
 }
-///`cudaDeviceSetGraphMemAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaDeviceSetGraphMemAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaDeviceSetGraphMemAttribute(
     device: i32,
@@ -940,7 +964,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaDeviceSetGraphMemAttribute(
         ) as u32
     }
 }
-///`cudaDeviceSetLimit` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaDeviceSetLimit` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaDeviceSetLimit(
     limit: u32,
@@ -953,7 +977,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaDeviceSetLimit(
         ) as u32
     }
 }
-///`cudaDeviceSetMemPool` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaDeviceSetMemPool` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaDeviceSetMemPool(
     device: i32,
@@ -966,7 +990,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaDeviceSetMemPool(
         ) as u32
     }
 }
-///`cudaDeviceSetSharedMemConfig` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaDeviceSetSharedMemConfig` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaDeviceSetSharedMemConfig(
     config: u32,
@@ -978,13 +1002,13 @@ pub unsafe extern "C" fn __chidori_cudart_cudaDeviceSetSharedMemConfig(
         ) as u32
     }
 }
-///`cudaDeviceSynchronize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaDeviceSynchronize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaDeviceSynchronize() -> u32 {
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudaDeviceSynchronize",
-            version: "13.1",
+            version: "13.5",
             library: "cudart",
             forms: &[
                 &chidori_cuda::calls::cudart::cudaDeviceSynchronize__async,
@@ -1001,7 +1025,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaDeviceSynchronize() -> u32 {
         crate::custom::sync::device_synchronize(&CTX)
     }
 }
-///`cudaDeviceUnregisterAsyncNotification` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaDeviceUnregisterAsyncNotification` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaDeviceUnregisterAsyncNotification(
     device: i32,
@@ -1014,21 +1038,21 @@ pub unsafe extern "C" fn __chidori_cudart_cudaDeviceUnregisterAsyncNotification(
         ) as u32
     }
 }
-///`cudaDriverGetVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`cudaDriverGetVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaDriverGetVersion(
     driverVersion: *mut c_void,
 ) -> u32 {
     unsafe { crate::custom::cudart::cudaDriverGetVersion(driverVersion) }
 }
-///`cudaEventCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaEventCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaEventCreate(event: *mut c_void) -> u32 {
     unsafe {
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaEventCreate",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[
                     &chidori_cuda::calls::cudart::cudaEventCreate__async,
@@ -1046,7 +1070,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaEventCreate(event: *mut c_void) ->
         }) as u32
     }
 }
-///`cudaEventCreateWithFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaEventCreateWithFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaEventCreateWithFlags(
     event: *mut c_void,
@@ -1056,7 +1080,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaEventCreateWithFlags(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaEventCreateWithFlags",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[
                     &chidori_cuda::calls::cudart::cudaEventCreateWithFlags__async,
@@ -1077,14 +1101,14 @@ pub unsafe extern "C" fn __chidori_cudart_cudaEventCreateWithFlags(
         }) as u32
     }
 }
-///`cudaEventDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaEventDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaEventDestroy(event: *mut c_void) -> u32 {
     unsafe {
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaEventDestroy",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[
                     &chidori_cuda::calls::cudart::cudaEventDestroy__async,
@@ -1102,7 +1126,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaEventDestroy(event: *mut c_void) -
         }) as u32
     }
 }
-///`cudaEventElapsedTime` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaEventElapsedTime` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaEventElapsedTime(
     ms: *mut c_void,
@@ -1130,14 +1154,14 @@ pub unsafe extern "C" fn __chidori_cudart_cudaEventElapsedTime_v2(
         ) as u32
     }
 }
-///`cudaEventQuery` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaEventQuery` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaEventQuery(event: *mut c_void) -> u32 {
     unsafe {
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaEventQuery",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[&chidori_cuda::calls::cudart::cudaEventQuery__call],
                 codes: chidori_cuda::desc::Codes {
@@ -1152,7 +1176,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaEventQuery(event: *mut c_void) -> 
         }) as u32
     }
 }
-///`cudaEventRecord` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaEventRecord` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaEventRecord(
     event: *mut c_void,
@@ -1162,7 +1186,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaEventRecord(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaEventRecord",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[&chidori_cuda::calls::cudart::cudaEventRecord__call],
                 codes: chidori_cuda::desc::Codes {
@@ -1180,7 +1204,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaEventRecord(
         }) as u32
     }
 }
-///`cudaEventRecordWithFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaEventRecordWithFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaEventRecordWithFlags(
     event: *mut c_void,
@@ -1191,7 +1215,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaEventRecordWithFlags(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaEventRecordWithFlags",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[&chidori_cuda::calls::cudart::cudaEventRecordWithFlags__call],
                 codes: chidori_cuda::desc::Codes {
@@ -1209,7 +1233,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaEventRecordWithFlags(
         }) as u32
     }
 }
-///`cudaEventRecordWithFlags_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaEventRecordWithFlags_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaEventRecordWithFlags_ptsz(
     event: *mut c_void,
@@ -1220,7 +1244,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaEventRecordWithFlags_ptsz(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaEventRecordWithFlags_ptsz",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[
                     &chidori_cuda::calls::cudart::cudaEventRecordWithFlags_ptsz__call,
@@ -1240,7 +1264,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaEventRecordWithFlags_ptsz(
         }) as u32
     }
 }
-///`cudaEventRecord_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaEventRecord_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaEventRecord_ptsz(
     event: *mut c_void,
@@ -1250,7 +1274,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaEventRecord_ptsz(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaEventRecord_ptsz",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[&chidori_cuda::calls::cudart::cudaEventRecord_ptsz__call],
                 codes: chidori_cuda::desc::Codes {
@@ -1268,7 +1292,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaEventRecord_ptsz(
         }) as u32
     }
 }
-///`cudaEventSynchronize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaEventSynchronize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaEventSynchronize(
     event: *mut c_void,
@@ -1277,7 +1301,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaEventSynchronize(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaEventSynchronize",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[&chidori_cuda::calls::cudart::cudaEventSynchronize__call],
                 codes: chidori_cuda::desc::Codes {
@@ -1292,7 +1316,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaEventSynchronize(
         }) as u32
     }
 }
-///`cudaExecutionCtxDestroy` for CUDA 13.1 (sync).
+///`cudaExecutionCtxDestroy` for CUDA 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaExecutionCtxDestroy(
     ctx: *mut c_void,
@@ -1304,7 +1328,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaExecutionCtxDestroy(
         ) as u32
     }
 }
-///`cudaExecutionCtxGetDevResource` for CUDA 13.1 (sync).
+///`cudaExecutionCtxGetDevResource` for CUDA 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaExecutionCtxGetDevResource(
     ctx: *mut c_void,
@@ -1318,7 +1342,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaExecutionCtxGetDevResource(
         ) as u32
     }
 }
-///`cudaExecutionCtxGetDevice` for CUDA 13.1 (sync).
+///`cudaExecutionCtxGetDevice` for CUDA 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaExecutionCtxGetDevice(
     device: *mut c_void,
@@ -1331,7 +1355,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaExecutionCtxGetDevice(
         ) as u32
     }
 }
-///`cudaExecutionCtxGetId` for CUDA 13.1 (sync).
+///`cudaExecutionCtxGetId` for CUDA 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaExecutionCtxGetId(
     ctx: *mut c_void,
@@ -1344,7 +1368,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaExecutionCtxGetId(
         ) as u32
     }
 }
-///`cudaExecutionCtxRecordEvent` for CUDA 13.1 (sync).
+///`cudaExecutionCtxRecordEvent` for CUDA 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaExecutionCtxRecordEvent(
     ctx: *mut c_void,
@@ -1357,7 +1381,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaExecutionCtxRecordEvent(
         ) as u32
     }
 }
-///`cudaExecutionCtxStreamCreate` for CUDA 13.1 (sync).
+///`cudaExecutionCtxStreamCreate` for CUDA 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaExecutionCtxStreamCreate(
     phStream: *mut c_void,
@@ -1377,7 +1401,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaExecutionCtxStreamCreate(
         ) as u32
     }
 }
-///`cudaExecutionCtxSynchronize` for CUDA 13.1 (sync).
+///`cudaExecutionCtxSynchronize` for CUDA 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaExecutionCtxSynchronize(
     ctx: *mut c_void,
@@ -1389,7 +1413,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaExecutionCtxSynchronize(
         ) as u32
     }
 }
-///`cudaExecutionCtxWaitEvent` for CUDA 13.1 (sync).
+///`cudaExecutionCtxWaitEvent` for CUDA 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaExecutionCtxWaitEvent(
     ctx: *mut c_void,
@@ -1420,7 +1444,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaExternalMemoryGetMappedMipmappedAr
         ) as u32
     }
 }
-///`cudaExternalMemoryGetMappedMipmappedArray` for CUDA 13.0, 13.1 (sync).
+///`cudaExternalMemoryGetMappedMipmappedArray` for CUDA 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaExternalMemoryGetMappedMipmappedArray__cu130(
     mipmap: *mut c_void,
@@ -1438,12 +1462,12 @@ pub unsafe extern "C" fn __chidori_cudart_cudaExternalMemoryGetMappedMipmappedAr
         ) as u32
     }
 }
-///`cudaFree` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaFree` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaFree(devPtr: *mut c_void) -> u32 {
     unsafe { crate::custom::cudart::cudaFree(devPtr) }
 }
-///`cudaFreeArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaFreeArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaFreeArray(array: *mut c_void) -> u32 {
     unsafe {
@@ -1453,7 +1477,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaFreeArray(array: *mut c_void) -> u
         ) as u32
     }
 }
-///`cudaFreeAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaFreeAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaFreeAsync(
     devPtr: *mut c_void,
@@ -1462,7 +1486,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaFreeAsync(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudaFreeAsync",
-            version: "13.1",
+            version: "13.5",
             library: "cudart",
             forms: &[&chidori_cuda::calls::cudart::cudaFreeAsync__call],
             codes: chidori_cuda::desc::Codes {
@@ -1476,7 +1500,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaFreeAsync(
         crate::custom::cudart::free_async(&CTX, devPtr, hStream)
     }
 }
-///`cudaFreeAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaFreeAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaFreeAsync_ptsz(
     devPtr: *mut c_void,
@@ -1485,7 +1509,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaFreeAsync_ptsz(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudaFreeAsync_ptsz",
-            version: "13.1",
+            version: "13.5",
             library: "cudart",
             forms: &[&chidori_cuda::calls::cudart::cudaFreeAsync_ptsz__call],
             codes: chidori_cuda::desc::Codes {
@@ -1499,12 +1523,12 @@ pub unsafe extern "C" fn __chidori_cudart_cudaFreeAsync_ptsz(
         crate::custom::cudart::free_async(&CTX, devPtr, hStream)
     }
 }
-///`cudaFreeHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`cudaFreeHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaFreeHost(ptr: *mut c_void) -> u32 {
     unsafe { crate::custom::cudart::cudaFreeHost(ptr) }
 }
-///`cudaFreeMipmappedArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaFreeMipmappedArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaFreeMipmappedArray(
     mipmappedArray: *mut c_void,
@@ -1562,7 +1586,30 @@ pub unsafe extern "C" fn __chidori_cudart_cudaFuncGetAttributes__cu121(
         crate::custom::kernels::func_get_attributes(&CTX, attr, func)
     }
 }
-///`cudaFuncGetName` for CUDA 12.6, 12.8, 13.0, 13.1 (local).
+///`cudaFuncGetAttributes` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaFuncGetAttributes__cu135(
+    attr: *mut c_void,
+    func: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaFuncGetAttributes",
+            version: "13.5",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::kernels::func_get_attributes(&CTX, attr, func)
+    }
+}
+///`cudaFuncGetName` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaFuncGetName(
     name: *mut c_void,
@@ -1571,7 +1618,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaFuncGetName(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudaFuncGetName",
-            version: "13.1",
+            version: "13.5",
             library: "cudart",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -1585,7 +1632,30 @@ pub unsafe extern "C" fn __chidori_cudart_cudaFuncGetName(
         crate::custom::kernels::func_get_name(&CTX, name, func)
     }
 }
-///`cudaFuncGetParamInfo` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaFuncGetParamCount` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaFuncGetParamCount(
+    func: *mut c_void,
+    paramCount: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaFuncGetParamCount",
+            version: "13.5",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::kernels::func_get_param_count(&CTX, func, paramCount)
+    }
+}
+///`cudaFuncGetParamInfo` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaFuncGetParamInfo(
     func: *mut c_void,
@@ -1596,7 +1666,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaFuncGetParamInfo(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudaFuncGetParamInfo",
-            version: "13.1",
+            version: "13.5",
             library: "cudart",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -1616,7 +1686,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaFuncGetParamInfo(
         )
     }
 }
-///`cudaFuncSetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaFuncSetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaFuncSetAttribute(
     func: *mut c_void,
@@ -1625,7 +1695,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaFuncSetAttribute(
 ) -> u32 {
     unsafe { crate::custom::cudart::cudaFuncSetAttribute(func, attr, value) }
 }
-///`cudaFuncSetCacheConfig` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaFuncSetCacheConfig` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaFuncSetCacheConfig(
     func: *mut c_void,
@@ -1633,7 +1703,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaFuncSetCacheConfig(
 ) -> u32 {
     unsafe { crate::custom::cudart::cudaFuncSetCacheConfig(func, cacheConfig) }
 }
-///`cudaFuncSetSharedMemConfig` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaFuncSetSharedMemConfig` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaFuncSetSharedMemConfig(
     func: *mut c_void,
@@ -1642,7 +1712,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaFuncSetSharedMemConfig(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudaFuncSetSharedMemConfig",
-            version: "13.1",
+            version: "13.5",
             library: "cudart",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -1656,7 +1726,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaFuncSetSharedMemConfig(
         crate::custom::kernels::func_set_shared_mem_config(&CTX, func, config)
     }
 }
-///`cudaGetChannelDesc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaGetChannelDesc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGetChannelDesc(
     desc: *mut c_void,
@@ -1669,17 +1739,17 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGetChannelDesc(
         ) as u32
     }
 }
-///`cudaGetDevice` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`cudaGetDevice` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGetDevice(device: *mut c_void) -> u32 {
     unsafe { crate::custom::cudart::cudaGetDevice(device) }
 }
-///`cudaGetDeviceCount` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`cudaGetDeviceCount` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGetDeviceCount(count: *mut c_void) -> u32 {
     unsafe { crate::custom::cudart::cudaGetDeviceCount(count) }
 }
-///`cudaGetDeviceFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaGetDeviceFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGetDeviceFlags(flags: *mut c_void) -> u32 {
     unsafe {
@@ -1712,7 +1782,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGetDeviceProperties__cu118(
         crate::custom::cudart::get_device_properties(&CTX, prop, device)
     }
 }
-///`cudaGetDeviceProperties` for CUDA 13.0, 13.1 (local).
+///`cudaGetDeviceProperties` for CUDA 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGetDeviceProperties__cu130(
     prop: *mut c_void,
@@ -1721,7 +1791,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGetDeviceProperties__cu130(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudaGetDeviceProperties",
-            version: "13.1",
+            version: "13.5",
             library: "cudart",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -1813,7 +1883,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGetDriverEntryPoint__cu121(
         )
     }
 }
-///`cudaGetDriverEntryPoint` for CUDA 13.0, 13.1 (local).
+///`cudaGetDriverEntryPoint` for CUDA 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGetDriverEntryPoint__cu130(
     symbol: *mut c_void,
@@ -1824,7 +1894,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGetDriverEntryPoint__cu130(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudaGetDriverEntryPoint",
-            version: "13.1",
+            version: "13.5",
             library: "cudart",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -1844,7 +1914,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGetDriverEntryPoint__cu130(
         )
     }
 }
-///`cudaGetDriverEntryPointByVersion` for CUDA 12.6, 12.8, 13.0, 13.1 (local).
+///`cudaGetDriverEntryPointByVersion` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGetDriverEntryPointByVersion(
     symbol: *mut c_void,
@@ -1863,7 +1933,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGetDriverEntryPointByVersion(
         )
     }
 }
-///`cudaGetDriverEntryPointByVersion_ptsz` for CUDA 12.6, 12.8, 13.0, 13.1 (local).
+///`cudaGetDriverEntryPointByVersion_ptsz` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGetDriverEntryPointByVersion_ptsz(
     symbol: *mut c_void,
@@ -1937,7 +2007,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGetDriverEntryPoint_ptsz__cu121(
         )
     }
 }
-///`cudaGetDriverEntryPoint_ptsz` for CUDA 13.0, 13.1 (local).
+///`cudaGetDriverEntryPoint_ptsz` for CUDA 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGetDriverEntryPoint_ptsz__cu130(
     symbol: *mut c_void,
@@ -1948,7 +2018,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGetDriverEntryPoint_ptsz__cu130(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudaGetDriverEntryPoint_ptsz",
-            version: "13.1",
+            version: "13.5",
             library: "cudart",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -1968,24 +2038,24 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGetDriverEntryPoint_ptsz__cu130(
         )
     }
 }
-///`cudaGetErrorName` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local, generated).
+///`cudaGetErrorName` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local, generated).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGetErrorName(error: u32) -> *mut c_void {
-    unsafe { crate::runtime::error_name("13.1", "cudart", error as i64) as *mut c_void }
+    unsafe { crate::runtime::error_name("13.5", "cudart", error as i64) as *mut c_void }
 }
-///`cudaGetErrorString` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local, generated).
+///`cudaGetErrorString` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local, generated).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGetErrorString(error: u32) -> *mut c_void {
     unsafe {
         crate::runtime::error_string(
-            "13.1",
+            "13.5",
             "cudart",
             "cudaGetErrorString",
             error as i64,
         ) as *mut c_void
     }
 }
-///`cudaGetFuncBySymbol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaGetFuncBySymbol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGetFuncBySymbol(
     functionPtr: *mut c_void,
@@ -1994,7 +2064,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGetFuncBySymbol(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudaGetFuncBySymbol",
-            version: "13.1",
+            version: "13.5",
             library: "cudart",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -2008,7 +2078,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGetFuncBySymbol(
         crate::custom::kernels::get_func_by_symbol(&CTX, functionPtr, symbolPtr)
     }
 }
-///`cudaGetKernel` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`cudaGetKernel` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGetKernel(
     kernelPtr: *mut c_void,
@@ -2016,12 +2086,12 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGetKernel(
 ) -> u32 {
     unsafe { crate::custom::cudart::cudaGetKernel(kernelPtr, entryFuncAddr) }
 }
-///`cudaGetLastError` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`cudaGetLastError` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGetLastError() -> u32 {
     unsafe { crate::custom::cudart::cudaGetLastError() }
 }
-///`cudaGetMipmappedArrayLevel` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaGetMipmappedArrayLevel` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGetMipmappedArrayLevel(
     levelArray: *mut c_void,
@@ -2052,7 +2122,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGetSurfaceObjectResourceDesc__cu11
         ) as u32
     }
 }
-///`cudaGetSurfaceObjectResourceDesc` for CUDA 13.0, 13.1 (sync).
+///`cudaGetSurfaceObjectResourceDesc` for CUDA 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGetSurfaceObjectResourceDesc__cu130(
     pResDesc: *mut c_void,
@@ -2065,7 +2135,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGetSurfaceObjectResourceDesc__cu13
         ) as u32
     }
 }
-///`cudaGetSymbolAddress` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaGetSymbolAddress` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGetSymbolAddress(
     devPtr: *mut c_void,
@@ -2073,7 +2143,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGetSymbolAddress(
 ) -> u32 {
     unsafe { crate::custom::cudart::cudaGetSymbolAddress(devPtr, symbol) }
 }
-///`cudaGetSymbolSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaGetSymbolSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGetSymbolSize(
     size: *mut c_void,
@@ -2107,7 +2177,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGetTextureObjectResourceDesc__cu11
         ) as u32
     }
 }
-///`cudaGetTextureObjectResourceDesc` for CUDA 13.0, 13.1 (sync).
+///`cudaGetTextureObjectResourceDesc` for CUDA 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGetTextureObjectResourceDesc__cu130(
     pResDesc: *mut c_void,
@@ -2133,7 +2203,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGetTextureObjectResourceViewDesc__
         ) as u32
     }
 }
-///`cudaGetTextureObjectResourceViewDesc` for CUDA 13.0, 13.1 (sync).
+///`cudaGetTextureObjectResourceViewDesc` for CUDA 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGetTextureObjectResourceViewDesc__cu130(
     pResViewDesc: *mut c_void,
@@ -2159,7 +2229,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGetTextureObjectTextureDesc__cu118
         ) as u32
     }
 }
-///`cudaGetTextureObjectTextureDesc` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaGetTextureObjectTextureDesc` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGetTextureObjectTextureDesc__cu121(
     pTexDesc: *mut c_void,
@@ -2185,7 +2255,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGetTextureObjectTextureDesc_v2(
         ) as u32
     }
 }
-///`cudaGraphAddChildGraphNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaGraphAddChildGraphNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddChildGraphNode(
     pGraphNode: *mut c_void,
@@ -2227,7 +2297,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddDependencies__cu118(
         ) as u32
     }
 }
-///`cudaGraphAddDependencies` for CUDA 13.0, 13.1 (sync).
+///`cudaGraphAddDependencies` for CUDA 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddDependencies__cu130(
     graph: *mut c_void,
@@ -2271,7 +2341,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddDependencies_v2(
         ) as u32
     }
 }
-///`cudaGraphAddEmptyNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaGraphAddEmptyNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddEmptyNode(
     pGraphNode: *mut c_void,
@@ -2291,7 +2361,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddEmptyNode(
         ) as u32
     }
 }
-///`cudaGraphAddEventRecordNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaGraphAddEventRecordNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddEventRecordNode(
     pGraphNode: *mut c_void,
@@ -2313,7 +2383,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddEventRecordNode(
         ) as u32
     }
 }
-///`cudaGraphAddEventWaitNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaGraphAddEventWaitNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddEventWaitNode(
     pGraphNode: *mut c_void,
@@ -2335,7 +2405,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddEventWaitNode(
         ) as u32
     }
 }
-///`cudaGraphAddHostNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaGraphAddHostNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddHostNode(
     pGraphNode: *mut c_void,
@@ -2348,7 +2418,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddHostNode(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaGraphAddHostNode",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -2372,7 +2442,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddHostNode(
         }) as u32
     }
 }
-///`cudaGraphAddKernelNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaGraphAddKernelNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddKernelNode(
     pGraphNode: *mut c_void,
@@ -2385,7 +2455,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddKernelNode(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaGraphAddKernelNode",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -2475,7 +2545,40 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddMemAllocNode__cu126(
         )
     }
 }
-///`cudaGraphAddMemFreeNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaGraphAddMemAllocNode` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddMemAllocNode__cu135(
+    pGraphNode: *mut c_void,
+    graph: *mut c_void,
+    pDependencies: *mut c_void,
+    numDependencies: usize,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphAddMemAllocNode",
+            version: "13.5",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::add_mem_alloc_node(
+            &CTX,
+            pGraphNode,
+            graph,
+            pDependencies,
+            numDependencies,
+            nodeParams,
+        )
+    }
+}
+///`cudaGraphAddMemFreeNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddMemFreeNode(
     pGraphNode: *mut c_void,
@@ -2497,7 +2600,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddMemFreeNode(
         ) as u32
     }
 }
-///`cudaGraphAddMemcpyNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaGraphAddMemcpyNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddMemcpyNode(
     pGraphNode: *mut c_void,
@@ -2510,7 +2613,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddMemcpyNode(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaGraphAddMemcpyNode",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[&chidori_cuda::calls::cudart::cudaGraphAddMemcpyNode__call],
                 codes: chidori_cuda::desc::Codes {
@@ -2534,7 +2637,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddMemcpyNode(
         }) as u32
     }
 }
-///`cudaGraphAddMemcpyNode1D` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaGraphAddMemcpyNode1D` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddMemcpyNode1D(
     pGraphNode: *mut c_void,
@@ -2550,7 +2653,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddMemcpyNode1D(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaGraphAddMemcpyNode1D",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[&chidori_cuda::calls::cudart::cudaGraphAddMemcpyNode1D__call],
                 codes: chidori_cuda::desc::Codes {
@@ -2577,7 +2680,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddMemcpyNode1D(
         }) as u32
     }
 }
-///`cudaGraphAddMemcpyNodeFromSymbol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaGraphAddMemcpyNodeFromSymbol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddMemcpyNodeFromSymbol(
     pGraphNode: *mut c_void,
@@ -2594,7 +2697,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddMemcpyNodeFromSymbol(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaGraphAddMemcpyNodeFromSymbol",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -2622,7 +2725,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddMemcpyNodeFromSymbol(
         }) as u32
     }
 }
-///`cudaGraphAddMemcpyNodeToSymbol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaGraphAddMemcpyNodeToSymbol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddMemcpyNodeToSymbol(
     pGraphNode: *mut c_void,
@@ -2639,7 +2742,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddMemcpyNodeToSymbol(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaGraphAddMemcpyNodeToSymbol",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -2667,7 +2770,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddMemcpyNodeToSymbol(
         }) as u32
     }
 }
-///`cudaGraphAddMemsetNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaGraphAddMemsetNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddMemsetNode(
     pGraphNode: *mut c_void,
@@ -2726,7 +2829,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddNode__cu126(
         }) as u32
     }
 }
-///`cudaGraphAddNode` for CUDA 13.0, 13.1 (custom).
+///`cudaGraphAddNode` for CUDA 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddNode__cu130(
     pGraphNode: *mut c_void,
@@ -2740,7 +2843,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddNode__cu130(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaGraphAddNode",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -2804,7 +2907,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddNode_v2(
         }) as u32
     }
 }
-///`cudaGraphChildGraphNodeGetGraph` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaGraphChildGraphNodeGetGraph` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphChildGraphNodeGetGraph(
     node: *mut c_void,
@@ -2817,7 +2920,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphChildGraphNodeGetGraph(
         ) as u32
     }
 }
-///`cudaGraphClone` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaGraphClone` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphClone(
     pGraphClone: *mut c_void,
@@ -2830,7 +2933,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphClone(
         ) as u32
     }
 }
-///`cudaGraphConditionalHandleCreate` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaGraphConditionalHandleCreate` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphConditionalHandleCreate(
     pHandle_out: *mut c_void,
@@ -2850,7 +2953,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphConditionalHandleCreate(
         ) as u32
     }
 }
-///`cudaGraphConditionalHandleCreate_v2` for CUDA 13.1 (sync).
+///`cudaGraphConditionalHandleCreate_v2` for CUDA 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphConditionalHandleCreate_v2(
     pHandle_out: *mut c_void,
@@ -2872,7 +2975,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphConditionalHandleCreate_v2(
         ) as u32
     }
 }
-///`cudaGraphCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaGraphCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphCreate(
     pGraph: *mut c_void,
@@ -2885,7 +2988,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphCreate(
         ) as u32
     }
 }
-///`cudaGraphDebugDotPrint` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaGraphDebugDotPrint` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphDebugDotPrint(
     graph: *mut c_void,
@@ -2895,7 +2998,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphDebugDotPrint(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudaGraphDebugDotPrint",
-            version: "13.1",
+            version: "13.5",
             library: "cudart",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -2909,14 +3012,14 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphDebugDotPrint(
         crate::custom::link::graph_dot_print(&CTX, graph, path, flags)
     }
 }
-///`cudaGraphDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaGraphDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphDestroy(graph: *mut c_void) -> u32 {
     unsafe {
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaGraphDestroy",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[
                     &chidori_cuda::calls::cudart::cudaGraphDestroy__async,
@@ -2934,7 +3037,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphDestroy(graph: *mut c_void) -
         }) as u32
     }
 }
-///`cudaGraphDestroyNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaGraphDestroyNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphDestroyNode(
     node: *mut c_void,
@@ -2946,7 +3049,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphDestroyNode(
         ) as u32
     }
 }
-///`cudaGraphEventRecordNodeGetEvent` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaGraphEventRecordNodeGetEvent` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphEventRecordNodeGetEvent(
     node: *mut c_void,
@@ -2959,7 +3062,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphEventRecordNodeGetEvent(
         ) as u32
     }
 }
-///`cudaGraphEventRecordNodeSetEvent` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaGraphEventRecordNodeSetEvent` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphEventRecordNodeSetEvent(
     node: *mut c_void,
@@ -2972,7 +3075,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphEventRecordNodeSetEvent(
         ) as u32
     }
 }
-///`cudaGraphEventWaitNodeGetEvent` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaGraphEventWaitNodeGetEvent` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphEventWaitNodeGetEvent(
     node: *mut c_void,
@@ -2985,7 +3088,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphEventWaitNodeGetEvent(
         ) as u32
     }
 }
-///`cudaGraphEventWaitNodeSetEvent` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaGraphEventWaitNodeSetEvent` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphEventWaitNodeSetEvent(
     node: *mut c_void,
@@ -2998,7 +3101,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphEventWaitNodeSetEvent(
         ) as u32
     }
 }
-///`cudaGraphExecChildGraphNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaGraphExecChildGraphNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecChildGraphNodeSetParams(
     hGraphExec: *mut c_void,
@@ -3016,7 +3119,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecChildGraphNodeSetParams(
         ) as u32
     }
 }
-///`cudaGraphExecDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaGraphExecDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecDestroy(
     graphExec: *mut c_void,
@@ -3025,7 +3128,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecDestroy(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaGraphExecDestroy",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[
                     &chidori_cuda::calls::cudart::cudaGraphExecDestroy__async,
@@ -3043,7 +3146,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecDestroy(
         }) as u32
     }
 }
-///`cudaGraphExecEventRecordNodeSetEvent` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaGraphExecEventRecordNodeSetEvent` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecEventRecordNodeSetEvent(
     hGraphExec: *mut c_void,
@@ -3061,7 +3164,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecEventRecordNodeSetEvent(
         ) as u32
     }
 }
-///`cudaGraphExecEventWaitNodeSetEvent` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaGraphExecEventWaitNodeSetEvent` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecEventWaitNodeSetEvent(
     hGraphExec: *mut c_void,
@@ -3079,7 +3182,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecEventWaitNodeSetEvent(
         ) as u32
     }
 }
-///`cudaGraphExecGetFlags` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaGraphExecGetFlags` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecGetFlags(
     graphExec: *mut c_void,
@@ -3092,7 +3195,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecGetFlags(
         ) as u32
     }
 }
-///`cudaGraphExecGetId` for CUDA 13.1 (sync).
+///`cudaGraphExecGetId` for CUDA 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecGetId(
     hGraphExec: *mut c_void,
@@ -3105,7 +3208,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecGetId(
         ) as u32
     }
 }
-///`cudaGraphExecHostNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaGraphExecHostNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecHostNodeSetParams(
     hGraphExec: *mut c_void,
@@ -3116,7 +3219,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecHostNodeSetParams(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaGraphExecHostNodeSetParams",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -3138,7 +3241,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecHostNodeSetParams(
         }) as u32
     }
 }
-///`cudaGraphExecKernelNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaGraphExecKernelNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecKernelNodeSetParams(
     hGraphExec: *mut c_void,
@@ -3149,7 +3252,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecKernelNodeSetParams(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaGraphExecKernelNodeSetParams",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -3171,7 +3274,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecKernelNodeSetParams(
         }) as u32
     }
 }
-///`cudaGraphExecMemcpyNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaGraphExecMemcpyNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecMemcpyNodeSetParams(
     hGraphExec: *mut c_void,
@@ -3182,7 +3285,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecMemcpyNodeSetParams(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaGraphExecMemcpyNodeSetParams",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[
                     &chidori_cuda::calls::cudart::cudaGraphExecMemcpyNodeSetParams__call,
@@ -3206,7 +3309,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecMemcpyNodeSetParams(
         }) as u32
     }
 }
-///`cudaGraphExecMemcpyNodeSetParams1D` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaGraphExecMemcpyNodeSetParams1D` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecMemcpyNodeSetParams1D(
     hGraphExec: *mut c_void,
@@ -3220,7 +3323,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecMemcpyNodeSetParams1D(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaGraphExecMemcpyNodeSetParams1D",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[
                     &chidori_cuda::calls::cudart::cudaGraphExecMemcpyNodeSetParams1D__call,
@@ -3247,7 +3350,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecMemcpyNodeSetParams1D(
         }) as u32
     }
 }
-///`cudaGraphExecMemcpyNodeSetParamsFromSymbol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaGraphExecMemcpyNodeSetParamsFromSymbol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecMemcpyNodeSetParamsFromSymbol(
     hGraphExec: *mut c_void,
@@ -3262,7 +3365,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecMemcpyNodeSetParamsFromSy
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaGraphExecMemcpyNodeSetParamsFromSymbol",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -3288,7 +3391,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecMemcpyNodeSetParamsFromSy
         }) as u32
     }
 }
-///`cudaGraphExecMemcpyNodeSetParamsToSymbol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaGraphExecMemcpyNodeSetParamsToSymbol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecMemcpyNodeSetParamsToSymbol(
     hGraphExec: *mut c_void,
@@ -3303,7 +3406,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecMemcpyNodeSetParamsToSymb
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaGraphExecMemcpyNodeSetParamsToSymbol",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -3329,7 +3432,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecMemcpyNodeSetParamsToSymb
         }) as u32
     }
 }
-///`cudaGraphExecMemsetNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaGraphExecMemsetNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecMemsetNodeSetParams(
     hGraphExec: *mut c_void,
@@ -3347,7 +3450,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecMemsetNodeSetParams(
         ) as u32
     }
 }
-///`cudaGraphExecNodeSetParams` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaGraphExecNodeSetParams` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecNodeSetParams(
     graphExec: *mut c_void,
@@ -3358,7 +3461,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecNodeSetParams(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaGraphExecNodeSetParams",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -3400,7 +3503,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecUpdate__cu118(
         ) as u32
     }
 }
-///`cudaGraphExecUpdate` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaGraphExecUpdate` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecUpdate__cu121(
     hGraphExec: *mut c_void,
@@ -3453,7 +3556,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphGetEdges__cu118(
         }) as u32
     }
 }
-///`cudaGraphGetEdges` for CUDA 13.0, 13.1 (custom).
+///`cudaGraphGetEdges` for CUDA 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphGetEdges__cu130(
     graph: *mut c_void,
@@ -3466,7 +3569,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphGetEdges__cu130(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaGraphGetEdges",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -3527,7 +3630,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphGetEdges_v2(
         }) as u32
     }
 }
-///`cudaGraphGetId` for CUDA 13.1 (sync).
+///`cudaGraphGetId` for CUDA 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphGetId(
     hGraph: *mut c_void,
@@ -3540,7 +3643,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphGetId(
         ) as u32
     }
 }
-///`cudaGraphGetNodes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaGraphGetNodes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphGetNodes(
     graph: *mut c_void,
@@ -3551,7 +3654,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphGetNodes(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaGraphGetNodes",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -3573,7 +3676,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphGetNodes(
         }) as u32
     }
 }
-///`cudaGraphGetRootNodes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaGraphGetRootNodes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphGetRootNodes(
     graph: *mut c_void,
@@ -3584,7 +3687,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphGetRootNodes(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaGraphGetRootNodes",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -3606,7 +3709,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphGetRootNodes(
         }) as u32
     }
 }
-///`cudaGraphHostNodeGetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaGraphHostNodeGetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphHostNodeGetParams(
     node: *mut c_void,
@@ -3615,7 +3718,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphHostNodeGetParams(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudaGraphHostNodeGetParams",
-            version: "13.1",
+            version: "13.5",
             library: "cudart",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -3629,7 +3732,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphHostNodeGetParams(
         crate::custom::graphs::host_node_get_params(&CTX, node, pNodeParams)
     }
 }
-///`cudaGraphHostNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaGraphHostNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphHostNodeSetParams(
     node: *mut c_void,
@@ -3639,7 +3742,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphHostNodeSetParams(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaGraphHostNodeSetParams",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -3679,7 +3782,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphInstantiate__cu118(
         ) as u32
     }
 }
-///`cudaGraphInstantiate` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaGraphInstantiate` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphInstantiate__cu121(
     pGraphExec: *mut c_void,
@@ -3693,7 +3796,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphInstantiate__cu121(
         ) as u32
     }
 }
-///`cudaGraphInstantiateWithFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaGraphInstantiateWithFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphInstantiateWithFlags(
     pGraphExec: *mut c_void,
@@ -3704,7 +3807,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphInstantiateWithFlags(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaGraphInstantiateWithFlags",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[
                     &chidori_cuda::calls::cudart::cudaGraphInstantiateWithFlags__async,
@@ -3725,7 +3828,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphInstantiateWithFlags(
         }) as u32
     }
 }
-///`cudaGraphInstantiateWithParams` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaGraphInstantiateWithParams` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphInstantiateWithParams(
     pGraphExec: *mut c_void,
@@ -3743,7 +3846,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphInstantiateWithParams(
         ) as u32
     }
 }
-///`cudaGraphInstantiateWithParams_ptsz` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaGraphInstantiateWithParams_ptsz` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphInstantiateWithParams_ptsz(
     pGraphExec: *mut c_void,
@@ -3761,7 +3864,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphInstantiateWithParams_ptsz(
         ) as u32
     }
 }
-///`cudaGraphKernelNodeCopyAttributes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaGraphKernelNodeCopyAttributes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphKernelNodeCopyAttributes(
     hDst: *mut c_void,
@@ -3844,7 +3947,21 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphKernelNodeGetAttribute__cu130
         ) as u32
     }
 }
-///`cudaGraphKernelNodeGetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaGraphKernelNodeGetAttribute` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphKernelNodeGetAttribute__cu135(
+    hNode: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphKernelNodeGetAttribute__cu135,
+            &[(hNode) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaGraphKernelNodeGetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphKernelNodeGetParams(
     node: *mut c_void,
@@ -3853,7 +3970,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphKernelNodeGetParams(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudaGraphKernelNodeGetParams",
-            version: "13.1",
+            version: "13.5",
             library: "cudart",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -3937,7 +4054,21 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphKernelNodeSetAttribute__cu130
         ) as u32
     }
 }
-///`cudaGraphKernelNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaGraphKernelNodeSetAttribute` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphKernelNodeSetAttribute__cu135(
+    hNode: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphKernelNodeSetAttribute__cu135,
+            &[(hNode) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaGraphKernelNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphKernelNodeSetParams(
     node: *mut c_void,
@@ -3947,7 +4078,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphKernelNodeSetParams(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaGraphKernelNodeSetParams",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -3965,7 +4096,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphKernelNodeSetParams(
         }) as u32
     }
 }
-///`cudaGraphLaunch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cudaGraphLaunch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphLaunch(
     graphExec: *mut c_void,
@@ -3978,7 +4109,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphLaunch(
         ) as u32
     }
 }
-///`cudaGraphLaunch_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cudaGraphLaunch_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphLaunch_ptsz(
     graphExec: *mut c_void,
@@ -4037,7 +4168,30 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphMemAllocNodeGetParams__cu126(
         crate::custom::graphs::mem_alloc_node_get_params(&CTX, node, params_out)
     }
 }
-///`cudaGraphMemFreeNodeGetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaGraphMemAllocNodeGetParams` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphMemAllocNodeGetParams__cu135(
+    node: *mut c_void,
+    params_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphMemAllocNodeGetParams",
+            version: "13.5",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::mem_alloc_node_get_params(&CTX, node, params_out)
+    }
+}
+///`cudaGraphMemFreeNodeGetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphMemFreeNodeGetParams(
     node: *mut c_void,
@@ -4050,7 +4204,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphMemFreeNodeGetParams(
         ) as u32
     }
 }
-///`cudaGraphMemcpyNodeGetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaGraphMemcpyNodeGetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphMemcpyNodeGetParams(
     node: *mut c_void,
@@ -4063,7 +4217,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphMemcpyNodeGetParams(
         ) as u32
     }
 }
-///`cudaGraphMemcpyNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaGraphMemcpyNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphMemcpyNodeSetParams(
     node: *mut c_void,
@@ -4073,7 +4227,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphMemcpyNodeSetParams(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaGraphMemcpyNodeSetParams",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[
                     &chidori_cuda::calls::cudart::cudaGraphMemcpyNodeSetParams__call,
@@ -4093,7 +4247,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphMemcpyNodeSetParams(
         }) as u32
     }
 }
-///`cudaGraphMemcpyNodeSetParams1D` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaGraphMemcpyNodeSetParams1D` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphMemcpyNodeSetParams1D(
     node: *mut c_void,
@@ -4106,7 +4260,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphMemcpyNodeSetParams1D(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaGraphMemcpyNodeSetParams1D",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[
                     &chidori_cuda::calls::cudart::cudaGraphMemcpyNodeSetParams1D__call,
@@ -4132,7 +4286,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphMemcpyNodeSetParams1D(
         }) as u32
     }
 }
-///`cudaGraphMemcpyNodeSetParamsFromSymbol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaGraphMemcpyNodeSetParamsFromSymbol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphMemcpyNodeSetParamsFromSymbol(
     node: *mut c_void,
@@ -4146,7 +4300,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphMemcpyNodeSetParamsFromSymbol
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaGraphMemcpyNodeSetParamsFromSymbol",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -4171,7 +4325,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphMemcpyNodeSetParamsFromSymbol
         }) as u32
     }
 }
-///`cudaGraphMemcpyNodeSetParamsToSymbol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaGraphMemcpyNodeSetParamsToSymbol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphMemcpyNodeSetParamsToSymbol(
     node: *mut c_void,
@@ -4185,7 +4339,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphMemcpyNodeSetParamsToSymbol(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaGraphMemcpyNodeSetParamsToSymbol",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -4210,7 +4364,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphMemcpyNodeSetParamsToSymbol(
         }) as u32
     }
 }
-///`cudaGraphMemsetNodeGetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaGraphMemsetNodeGetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphMemsetNodeGetParams(
     node: *mut c_void,
@@ -4223,7 +4377,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphMemsetNodeGetParams(
         ) as u32
     }
 }
-///`cudaGraphMemsetNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaGraphMemsetNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphMemsetNodeSetParams(
     node: *mut c_void,
@@ -4236,7 +4390,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphMemsetNodeSetParams(
         ) as u32
     }
 }
-///`cudaGraphNodeFindInClone` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaGraphNodeFindInClone` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphNodeFindInClone(
     pNode: *mut c_void,
@@ -4254,7 +4408,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphNodeFindInClone(
         ) as u32
     }
 }
-///`cudaGraphNodeGetContainingGraph` for CUDA 13.1 (sync).
+///`cudaGraphNodeGetContainingGraph` for CUDA 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphNodeGetContainingGraph(
     hNode: *mut c_void,
@@ -4300,7 +4454,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphNodeGetDependencies__cu118(
         }) as u32
     }
 }
-///`cudaGraphNodeGetDependencies` for CUDA 13.0, 13.1 (custom).
+///`cudaGraphNodeGetDependencies` for CUDA 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphNodeGetDependencies__cu130(
     node: *mut c_void,
@@ -4312,7 +4466,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphNodeGetDependencies__cu130(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaGraphNodeGetDependencies",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -4403,7 +4557,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphNodeGetDependentNodes__cu118(
         }) as u32
     }
 }
-///`cudaGraphNodeGetDependentNodes` for CUDA 13.0, 13.1 (custom).
+///`cudaGraphNodeGetDependentNodes` for CUDA 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphNodeGetDependentNodes__cu130(
     node: *mut c_void,
@@ -4415,7 +4569,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphNodeGetDependentNodes__cu130(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaGraphNodeGetDependentNodes",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -4473,7 +4627,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphNodeGetDependentNodes_v2(
         }) as u32
     }
 }
-///`cudaGraphNodeGetEnabled` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaGraphNodeGetEnabled` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphNodeGetEnabled(
     hGraphExec: *mut c_void,
@@ -4491,7 +4645,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphNodeGetEnabled(
         ) as u32
     }
 }
-///`cudaGraphNodeGetLocalId` for CUDA 13.1 (sync).
+///`cudaGraphNodeGetLocalId` for CUDA 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphNodeGetLocalId(
     hNode: *mut c_void,
@@ -4504,7 +4658,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphNodeGetLocalId(
         ) as u32
     }
 }
-///`cudaGraphNodeGetToolsId` for CUDA 13.1 (sync).
+///`cudaGraphNodeGetToolsId` for CUDA 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphNodeGetToolsId(
     hNode: *mut c_void,
@@ -4517,7 +4671,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphNodeGetToolsId(
         ) as u32
     }
 }
-///`cudaGraphNodeGetType` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaGraphNodeGetType` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphNodeGetType(
     node: *mut c_void,
@@ -4530,7 +4684,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphNodeGetType(
         ) as u32
     }
 }
-///`cudaGraphNodeSetEnabled` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaGraphNodeSetEnabled` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphNodeSetEnabled(
     hGraphExec: *mut c_void,
@@ -4544,7 +4698,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphNodeSetEnabled(
         ) as u32
     }
 }
-///`cudaGraphNodeSetParams` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaGraphNodeSetParams` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphNodeSetParams(
     node: *mut c_void,
@@ -4554,7 +4708,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphNodeSetParams(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaGraphNodeSetParams",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -4572,7 +4726,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphNodeSetParams(
         }) as u32
     }
 }
-///`cudaGraphReleaseUserObject` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaGraphReleaseUserObject` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphReleaseUserObject(
     graph: *mut c_void,
@@ -4606,7 +4760,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphRemoveDependencies__cu118(
         ) as u32
     }
 }
-///`cudaGraphRemoveDependencies` for CUDA 13.0, 13.1 (sync).
+///`cudaGraphRemoveDependencies` for CUDA 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphRemoveDependencies__cu130(
     graph: *mut c_void,
@@ -4650,7 +4804,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphRemoveDependencies_v2(
         ) as u32
     }
 }
-///`cudaGraphRetainUserObject` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaGraphRetainUserObject` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphRetainUserObject(
     graph: *mut c_void,
@@ -4670,7 +4824,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphRetainUserObject(
         ) as u32
     }
 }
-///`cudaGraphUpload` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaGraphUpload` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphUpload(
     graphExec: *mut c_void,
@@ -4683,7 +4837,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphUpload(
         ) as u32
     }
 }
-///`cudaGraphUpload_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaGraphUpload_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphUpload_ptsz(
     graphExec: *mut c_void,
@@ -4696,7 +4850,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphUpload_ptsz(
         ) as u32
     }
 }
-///`cudaGraphicsMapResources` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaGraphicsMapResources` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphicsMapResources(
     count: i32,
@@ -4714,7 +4868,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphicsMapResources(
         ) as u32
     }
 }
-///`cudaGraphicsResourceGetMappedMipmappedArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaGraphicsResourceGetMappedMipmappedArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphicsResourceGetMappedMipmappedArray(
     mipmappedArray: *mut c_void,
@@ -4727,7 +4881,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphicsResourceGetMappedMipmapped
         ) as u32
     }
 }
-///`cudaGraphicsResourceSetMapFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaGraphicsResourceSetMapFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphicsResourceSetMapFlags(
     resource: *mut c_void,
@@ -4740,7 +4894,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphicsResourceSetMapFlags(
         ) as u32
     }
 }
-///`cudaGraphicsSubResourceGetMappedArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaGraphicsSubResourceGetMappedArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphicsSubResourceGetMappedArray(
     array: *mut c_void,
@@ -4760,7 +4914,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphicsSubResourceGetMappedArray(
         ) as u32
     }
 }
-///`cudaGraphicsUnmapResources` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaGraphicsUnmapResources` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphicsUnmapResources(
     count: i32,
@@ -4778,7 +4932,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphicsUnmapResources(
         ) as u32
     }
 }
-///`cudaGraphicsUnregisterResource` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaGraphicsUnregisterResource` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphicsUnregisterResource(
     resource: *mut c_void,
@@ -4790,7 +4944,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphicsUnregisterResource(
         ) as u32
     }
 }
-///`cudaGreenCtxCreate` for CUDA 13.1 (sync).
+///`cudaGreenCtxCreate` for CUDA 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGreenCtxCreate(
     phCtx: *mut c_void,
@@ -4810,7 +4964,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGreenCtxCreate(
         ) as u32
     }
 }
-///`cudaHostAlloc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`cudaHostAlloc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaHostAlloc(
     pHost: *mut c_void,
@@ -4819,7 +4973,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaHostAlloc(
 ) -> u32 {
     unsafe { crate::custom::cudart::cudaHostAlloc(pHost, size, flags) }
 }
-///`cudaHostGetDevicePointer` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`cudaHostGetDevicePointer` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaHostGetDevicePointer(
     pDevice: *mut c_void,
@@ -4828,7 +4982,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaHostGetDevicePointer(
 ) -> u32 {
     unsafe { crate::custom::cudart::cudaHostGetDevicePointer(pDevice, pHost, flags) }
 }
-///`cudaHostGetFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`cudaHostGetFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaHostGetFlags(
     pFlags: *mut c_void,
@@ -4836,7 +4990,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaHostGetFlags(
 ) -> u32 {
     unsafe { crate::custom::cudart::cudaHostGetFlags(pFlags, pHost) }
 }
-///`cudaHostRegister` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`cudaHostRegister` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaHostRegister(
     ptr: *mut c_void,
@@ -4845,12 +4999,12 @@ pub unsafe extern "C" fn __chidori_cudart_cudaHostRegister(
 ) -> u32 {
     unsafe { crate::custom::cudart::cudaHostRegister(ptr, size, flags) }
 }
-///`cudaHostUnregister` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`cudaHostUnregister` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaHostUnregister(ptr: *mut c_void) -> u32 {
     unsafe { crate::custom::cudart::cudaHostUnregister(ptr) }
 }
-///`cudaInitDevice` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaInitDevice` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaInitDevice(
     device: i32,
@@ -4864,7 +5018,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaInitDevice(
         ) as u32
     }
 }
-///`cudaIpcOpenEventHandle` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaIpcOpenEventHandle` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaIpcOpenEventHandle(
     event: *mut c_void,
@@ -4877,7 +5031,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaIpcOpenEventHandle(
         ) as u32
     }
 }
-///`cudaKernelSetAttributeForDevice` for CUDA 12.8, 13.0, 13.1 (sync).
+///`cudaKernelSetAttributeForDevice` for CUDA 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaKernelSetAttributeForDevice(
     kernel: *mut c_void,
@@ -4897,7 +5051,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaKernelSetAttributeForDevice(
         ) as u32
     }
 }
-///`cudaLaunchCooperativeKernel` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaLaunchCooperativeKernel` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaLaunchCooperativeKernel(
     func: *mut c_void,
@@ -4918,7 +5072,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaLaunchCooperativeKernel(
         )
     }
 }
-///`cudaLaunchCooperativeKernel_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaLaunchCooperativeKernel_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaLaunchCooperativeKernel_ptsz(
     func: *mut c_void,
@@ -4939,7 +5093,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaLaunchCooperativeKernel_ptsz(
         )
     }
 }
-///`cudaLaunchHostFunc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaLaunchHostFunc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaLaunchHostFunc(
     stream: *mut c_void,
@@ -4949,7 +5103,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaLaunchHostFunc(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudaLaunchHostFunc",
-            version: "13.1",
+            version: "13.5",
             library: "cudart",
             forms: &[&chidori_cuda::calls::cudart::cudaLaunchHostFunc__host],
             codes: chidori_cuda::desc::Codes {
@@ -4963,7 +5117,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaLaunchHostFunc(
         crate::custom::cudart::launch_host_func(&CTX, stream, r#fn, userData)
     }
 }
-///`cudaLaunchHostFunc_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaLaunchHostFunc_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaLaunchHostFunc_ptsz(
     stream: *mut c_void,
@@ -4973,7 +5127,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaLaunchHostFunc_ptsz(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudaLaunchHostFunc_ptsz",
-            version: "13.1",
+            version: "13.5",
             library: "cudart",
             forms: &[&chidori_cuda::calls::cudart::cudaLaunchHostFunc_ptsz__host],
             codes: chidori_cuda::desc::Codes {
@@ -4987,7 +5141,69 @@ pub unsafe extern "C" fn __chidori_cudart_cudaLaunchHostFunc_ptsz(
         crate::custom::cudart::launch_host_func(&CTX, stream, r#fn, userData)
     }
 }
-///`cudaLaunchKernel` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaLaunchHostFunc_v2` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaLaunchHostFunc_v2(
+    stream: *mut c_void,
+    r#fn: *mut c_void,
+    userData: *mut c_void,
+    syncMode: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaLaunchHostFunc_v2",
+            version: "13.5",
+            library: "cudart",
+            forms: &[&chidori_cuda::calls::cudart::cudaLaunchHostFunc_v2__host],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::cudart::launch_host_func_v2(
+            &CTX,
+            stream,
+            r#fn,
+            userData,
+            syncMode,
+        )
+    }
+}
+///`cudaLaunchHostFunc_v2_ptsz` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaLaunchHostFunc_v2_ptsz(
+    stream: *mut c_void,
+    r#fn: *mut c_void,
+    userData: *mut c_void,
+    syncMode: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaLaunchHostFunc_v2_ptsz",
+            version: "13.5",
+            library: "cudart",
+            forms: &[&chidori_cuda::calls::cudart::cudaLaunchHostFunc_v2_ptsz__host],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::cudart::launch_host_func_v2(
+            &CTX,
+            stream,
+            r#fn,
+            userData,
+            syncMode,
+        )
+    }
+}
+///`cudaLaunchKernel` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaLaunchKernel(
     func: *mut c_void,
@@ -5128,6 +5344,30 @@ pub unsafe extern "C" fn __chidori_cudart_cudaLaunchKernelExC__cu130(
         crate::custom::kernels::launch_kernel_ex(&CTX, config, func, args)
     }
 }
+///`cudaLaunchKernelExC` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaLaunchKernelExC__cu135(
+    config: *mut c_void,
+    func: *mut c_void,
+    args: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaLaunchKernelExC",
+            version: "13.5",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::kernels::launch_kernel_ex(&CTX, config, func, args)
+    }
+}
 ///`cudaLaunchKernelExC_ptsz` for CUDA 11.8 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaLaunchKernelExC_ptsz__cu118(
@@ -5248,7 +5488,31 @@ pub unsafe extern "C" fn __chidori_cudart_cudaLaunchKernelExC_ptsz__cu130(
         crate::custom::kernels::launch_kernel_ex(&CTX, config, func, args)
     }
 }
-///`cudaLaunchKernel_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaLaunchKernelExC_ptsz` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaLaunchKernelExC_ptsz__cu135(
+    config: *mut c_void,
+    func: *mut c_void,
+    args: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaLaunchKernelExC_ptsz",
+            version: "13.5",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::kernels::launch_kernel_ex(&CTX, config, func, args)
+    }
+}
+///`cudaLaunchKernel_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaLaunchKernel_ptsz(
     func: *mut c_void,
@@ -5269,7 +5533,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaLaunchKernel_ptsz(
         )
     }
 }
-///`cudaLibraryEnumerateKernels` for CUDA 12.8, 13.0, 13.1 (sync).
+///`cudaLibraryEnumerateKernels` for CUDA 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaLibraryEnumerateKernels(
     kernels: *mut c_void,
@@ -5283,7 +5547,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaLibraryEnumerateKernels(
         ) as u32
     }
 }
-///`cudaLibraryGetGlobal` for CUDA 12.8, 13.0, 13.1 (sync).
+///`cudaLibraryGetGlobal` for CUDA 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaLibraryGetGlobal(
     dptr: *mut c_void,
@@ -5303,7 +5567,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaLibraryGetGlobal(
         ) as u32
     }
 }
-///`cudaLibraryGetKernel` for CUDA 12.8, 13.0, 13.1 (sync).
+///`cudaLibraryGetKernel` for CUDA 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaLibraryGetKernel(
     pKernel: *mut c_void,
@@ -5321,7 +5585,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaLibraryGetKernel(
         ) as u32
     }
 }
-///`cudaLibraryGetKernelCount` for CUDA 12.8, 13.0, 13.1 (sync).
+///`cudaLibraryGetKernelCount` for CUDA 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaLibraryGetKernelCount(
     count: *mut c_void,
@@ -5334,7 +5598,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaLibraryGetKernelCount(
         ) as u32
     }
 }
-///`cudaLibraryGetManaged` for CUDA 12.8, 13.0, 13.1 (custom).
+///`cudaLibraryGetManaged` for CUDA 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaLibraryGetManaged(
     dptr: *mut c_void,
@@ -5345,7 +5609,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaLibraryGetManaged(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudaLibraryGetManaged",
-            version: "13.1",
+            version: "13.5",
             library: "cudart",
             forms: &[&chidori_cuda::calls::cudart::cudaLibraryGetManaged__call],
             codes: chidori_cuda::desc::Codes {
@@ -5359,7 +5623,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaLibraryGetManaged(
         crate::custom::driver::library_get_managed(&CTX, dptr, bytes, library, name)
     }
 }
-///`cudaLibraryLoadData` for CUDA 12.8, 13.0, 13.1 (custom).
+///`cudaLibraryLoadData` for CUDA 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaLibraryLoadData(
     library: *mut c_void,
@@ -5374,7 +5638,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaLibraryLoadData(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudaLibraryLoadData",
-            version: "13.1",
+            version: "13.5",
             library: "cudart",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -5398,7 +5662,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaLibraryLoadData(
         )
     }
 }
-///`cudaLibraryLoadFromFile` for CUDA 12.8, 13.0, 13.1 (custom).
+///`cudaLibraryLoadFromFile` for CUDA 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaLibraryLoadFromFile(
     library: *mut c_void,
@@ -5413,7 +5677,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaLibraryLoadFromFile(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudaLibraryLoadFromFile",
-            version: "13.1",
+            version: "13.5",
             library: "cudart",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -5437,7 +5701,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaLibraryLoadFromFile(
         )
     }
 }
-///`cudaLibraryUnload` for CUDA 12.8, 13.0, 13.1 (local).
+///`cudaLibraryUnload` for CUDA 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaLibraryUnload(
     library: *mut c_void,
@@ -5445,7 +5709,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaLibraryUnload(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudaLibraryUnload",
-            version: "13.1",
+            version: "13.5",
             library: "cudart",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -5459,7 +5723,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaLibraryUnload(
         crate::custom::libraries::unload(&CTX, library)
     }
 }
-///`cudaLogsCurrent` for CUDA 13.0, 13.1 (sync).
+///`cudaLogsCurrent` for CUDA 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaLogsCurrent(
     iterator_out: *mut c_void,
@@ -5472,7 +5736,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaLogsCurrent(
         ) as u32
     }
 }
-///`cudaLogsDumpToMemory` for CUDA 13.0, 13.1 (sync).
+///`cudaLogsDumpToMemory` for CUDA 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaLogsDumpToMemory(
     iterator: *mut c_void,
@@ -5492,7 +5756,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaLogsDumpToMemory(
         ) as u32
     }
 }
-///`cudaLogsUnregisterCallback` for CUDA 13.0, 13.1 (sync).
+///`cudaLogsUnregisterCallback` for CUDA 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaLogsUnregisterCallback(
     callback: *mut c_void,
@@ -5504,7 +5768,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaLogsUnregisterCallback(
         ) as u32
     }
 }
-///`cudaMalloc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaMalloc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMalloc(
     devPtr: *mut c_void,
@@ -5512,7 +5776,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMalloc(
 ) -> u32 {
     unsafe { crate::custom::cudart::cudaMalloc(devPtr, size) }
 }
-///`cudaMalloc3D` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaMalloc3D` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMalloc3D(
     pitchedDevPtr: *mut c_void,
@@ -5521,7 +5785,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMalloc3D(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudaMalloc3D",
-            version: "13.1",
+            version: "13.5",
             library: "cudart",
             forms: &[&chidori_cuda::calls::cudart::cudaMalloc3D__call],
             codes: chidori_cuda::desc::Codes {
@@ -5535,7 +5799,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMalloc3D(
         crate::custom::arrays::malloc_3d(&CTX, pitchedDevPtr, extent)
     }
 }
-///`cudaMalloc3DArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaMalloc3DArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMalloc3DArray(
     array: *mut c_void,
@@ -5555,7 +5819,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMalloc3DArray(
         ) as u32
     }
 }
-///`cudaMallocArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaMallocArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMallocArray(
     array: *mut c_void,
@@ -5577,7 +5841,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMallocArray(
         ) as u32
     }
 }
-///`cudaMallocAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaMallocAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMallocAsync(
     devPtr: *mut c_void,
@@ -5587,7 +5851,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMallocAsync(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudaMallocAsync",
-            version: "13.1",
+            version: "13.5",
             library: "cudart",
             forms: &[&chidori_cuda::calls::cudart::cudaMallocAsync__call],
             codes: chidori_cuda::desc::Codes {
@@ -5601,7 +5865,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMallocAsync(
         crate::custom::cudart::malloc_async(&CTX, devPtr, size, hStream)
     }
 }
-///`cudaMallocAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaMallocAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMallocAsync_ptsz(
     devPtr: *mut c_void,
@@ -5611,7 +5875,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMallocAsync_ptsz(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudaMallocAsync_ptsz",
-            version: "13.1",
+            version: "13.5",
             library: "cudart",
             forms: &[&chidori_cuda::calls::cudart::cudaMallocAsync_ptsz__call],
             codes: chidori_cuda::desc::Codes {
@@ -5625,7 +5889,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMallocAsync_ptsz(
         crate::custom::cudart::malloc_async(&CTX, devPtr, size, hStream)
     }
 }
-///`cudaMallocFromPoolAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaMallocFromPoolAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMallocFromPoolAsync(
     ptr: *mut c_void,
@@ -5636,7 +5900,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMallocFromPoolAsync(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudaMallocFromPoolAsync",
-            version: "13.1",
+            version: "13.5",
             library: "cudart",
             forms: &[&chidori_cuda::calls::cudart::cudaMallocFromPoolAsync__call],
             codes: chidori_cuda::desc::Codes {
@@ -5650,7 +5914,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMallocFromPoolAsync(
         crate::custom::cudart::malloc_from_pool(&CTX, ptr, size, memPool, stream)
     }
 }
-///`cudaMallocFromPoolAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaMallocFromPoolAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMallocFromPoolAsync_ptsz(
     ptr: *mut c_void,
@@ -5661,7 +5925,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMallocFromPoolAsync_ptsz(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudaMallocFromPoolAsync_ptsz",
-            version: "13.1",
+            version: "13.5",
             library: "cudart",
             forms: &[&chidori_cuda::calls::cudart::cudaMallocFromPoolAsync_ptsz__call],
             codes: chidori_cuda::desc::Codes {
@@ -5675,7 +5939,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMallocFromPoolAsync_ptsz(
         crate::custom::cudart::malloc_from_pool(&CTX, ptr, size, memPool, stream)
     }
 }
-///`cudaMallocHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`cudaMallocHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMallocHost(
     ptr: *mut c_void,
@@ -5683,7 +5947,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMallocHost(
 ) -> u32 {
     unsafe { crate::custom::cudart::cudaMallocHost(ptr, size) }
 }
-///`cudaMallocManaged` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`cudaMallocManaged` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMallocManaged(
     devPtr: *mut c_void,
@@ -5692,7 +5956,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMallocManaged(
 ) -> u32 {
     unsafe { crate::custom::cudart::cudaMallocManaged(devPtr, size, flags) }
 }
-///`cudaMallocMipmappedArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaMallocMipmappedArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMallocMipmappedArray(
     mipmappedArray: *mut c_void,
@@ -5714,7 +5978,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMallocMipmappedArray(
         ) as u32
     }
 }
-///`cudaMallocPitch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaMallocPitch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMallocPitch(
     devPtr: *mut c_void,
@@ -5764,6 +6028,26 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemAdvise__cu130(
         ) as u32
     }
 }
+///`cudaMemAdvise` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemAdvise__cu135(
+    devPtr: *mut c_void,
+    count: usize,
+    advice: u32,
+    location: chidori_cuda::types::cudaMemLocation,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemAdvise__cu135,
+            &[
+                (devPtr) as usize as u64,
+                (count) as u64,
+                (advice) as u64,
+                &(location) as *const _ as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cudaMemAdvise_v2` for CUDA 12.6, 12.8 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemAdvise_v2(
@@ -5786,7 +6070,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemAdvise_v2(
 }
 ///`cudaMemDiscardAndPrefetchBatchAsync` for CUDA 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_cudart_cudaMemDiscardAndPrefetchBatchAsync(
+pub unsafe extern "C" fn __chidori_cudart_cudaMemDiscardAndPrefetchBatchAsync__cu130(
     dptrs: *mut c_void,
     sizes: *mut c_void,
     count: usize,
@@ -5798,7 +6082,35 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemDiscardAndPrefetchBatchAsync(
 ) -> u32 {
     unsafe {
         crate::runtime::call(
-            &chidori_cuda::calls::cudart::cudaMemDiscardAndPrefetchBatchAsync,
+            &chidori_cuda::calls::cudart::cudaMemDiscardAndPrefetchBatchAsync__cu130,
+            &[
+                (dptrs) as usize as u64,
+                (sizes) as usize as u64,
+                (count) as u64,
+                (prefetchLocs) as usize as u64,
+                (prefetchLocIdxs) as usize as u64,
+                (numPrefetchLocs) as u64,
+                (flags) as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaMemDiscardAndPrefetchBatchAsync` for CUDA 13.5 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemDiscardAndPrefetchBatchAsync__cu135(
+    dptrs: *mut c_void,
+    sizes: *mut c_void,
+    count: usize,
+    prefetchLocs: *mut c_void,
+    prefetchLocIdxs: *mut c_void,
+    numPrefetchLocs: usize,
+    flags: u64,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemDiscardAndPrefetchBatchAsync__cu135,
             &[
                 (dptrs) as usize as u64,
                 (sizes) as usize as u64,
@@ -5814,7 +6126,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemDiscardAndPrefetchBatchAsync(
 }
 ///`cudaMemDiscardAndPrefetchBatchAsync_ptsz` for CUDA 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_cudart_cudaMemDiscardAndPrefetchBatchAsync_ptsz(
+pub unsafe extern "C" fn __chidori_cudart_cudaMemDiscardAndPrefetchBatchAsync_ptsz__cu130(
     dptrs: *mut c_void,
     sizes: *mut c_void,
     count: usize,
@@ -5826,7 +6138,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemDiscardAndPrefetchBatchAsync_pt
 ) -> u32 {
     unsafe {
         crate::runtime::call(
-            &chidori_cuda::calls::cudart::cudaMemDiscardAndPrefetchBatchAsync_ptsz,
+            &chidori_cuda::calls::cudart::cudaMemDiscardAndPrefetchBatchAsync_ptsz__cu130,
             &[
                 (dptrs) as usize as u64,
                 (sizes) as usize as u64,
@@ -5840,7 +6152,35 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemDiscardAndPrefetchBatchAsync_pt
         ) as u32
     }
 }
-///`cudaMemDiscardBatchAsync` for CUDA 13.0, 13.1 (async).
+///`cudaMemDiscardAndPrefetchBatchAsync_ptsz` for CUDA 13.5 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemDiscardAndPrefetchBatchAsync_ptsz__cu135(
+    dptrs: *mut c_void,
+    sizes: *mut c_void,
+    count: usize,
+    prefetchLocs: *mut c_void,
+    prefetchLocIdxs: *mut c_void,
+    numPrefetchLocs: usize,
+    flags: u64,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemDiscardAndPrefetchBatchAsync_ptsz__cu135,
+            &[
+                (dptrs) as usize as u64,
+                (sizes) as usize as u64,
+                (count) as u64,
+                (prefetchLocs) as usize as u64,
+                (prefetchLocIdxs) as usize as u64,
+                (numPrefetchLocs) as u64,
+                (flags) as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaMemDiscardBatchAsync` for CUDA 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemDiscardBatchAsync(
     dptrs: *mut c_void,
@@ -5862,7 +6202,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemDiscardBatchAsync(
         ) as u32
     }
 }
-///`cudaMemDiscardBatchAsync_ptsz` for CUDA 13.0, 13.1 (async).
+///`cudaMemDiscardBatchAsync_ptsz` for CUDA 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemDiscardBatchAsync_ptsz(
     dptrs: *mut c_void,
@@ -5886,19 +6226,33 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemDiscardBatchAsync_ptsz(
 }
 ///`cudaMemGetDefaultMemPool` for CUDA 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_cudart_cudaMemGetDefaultMemPool(
+pub unsafe extern "C" fn __chidori_cudart_cudaMemGetDefaultMemPool__cu130(
     memPool: *mut c_void,
     location: *mut c_void,
     r#type: u32,
 ) -> u32 {
     unsafe {
         crate::runtime::call(
-            &chidori_cuda::calls::cudart::cudaMemGetDefaultMemPool,
+            &chidori_cuda::calls::cudart::cudaMemGetDefaultMemPool__cu130,
             &[(memPool) as usize as u64, (location) as usize as u64, (r#type) as u64],
         ) as u32
     }
 }
-///`cudaMemGetInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaMemGetDefaultMemPool` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemGetDefaultMemPool__cu135(
+    memPool: *mut c_void,
+    location: *mut c_void,
+    r#type: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemGetDefaultMemPool__cu135,
+            &[(memPool) as usize as u64, (location) as usize as u64, (r#type) as u64],
+        ) as u32
+    }
+}
+///`cudaMemGetInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemGetInfo(
     free: *mut c_void,
@@ -5913,14 +6267,28 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemGetInfo(
 }
 ///`cudaMemGetMemPool` for CUDA 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_cudart_cudaMemGetMemPool(
+pub unsafe extern "C" fn __chidori_cudart_cudaMemGetMemPool__cu130(
     memPool: *mut c_void,
     location: *mut c_void,
     r#type: u32,
 ) -> u32 {
     unsafe {
         crate::runtime::call(
-            &chidori_cuda::calls::cudart::cudaMemGetMemPool,
+            &chidori_cuda::calls::cudart::cudaMemGetMemPool__cu130,
+            &[(memPool) as usize as u64, (location) as usize as u64, (r#type) as u64],
+        ) as u32
+    }
+}
+///`cudaMemGetMemPool` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemGetMemPool__cu135(
+    memPool: *mut c_void,
+    location: *mut c_void,
+    r#type: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemGetMemPool__cu135,
             &[(memPool) as usize as u64, (location) as usize as u64, (r#type) as u64],
         ) as u32
     }
@@ -5951,7 +6319,20 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemPoolCreate__cu126(
         ) as u32
     }
 }
-///`cudaMemPoolDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaMemPoolCreate` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemPoolCreate__cu135(
+    memPool: *mut c_void,
+    poolProps: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemPoolCreate__cu135,
+            &[(memPool) as usize as u64, (poolProps) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaMemPoolDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemPoolDestroy(
     memPool: *mut c_void,
@@ -5965,14 +6346,14 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemPoolDestroy(
 }
 ///`cudaMemPoolGetAccess` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_cudart_cudaMemPoolGetAccess(
+pub unsafe extern "C" fn __chidori_cudart_cudaMemPoolGetAccess__cu118(
     flags: *mut c_void,
     memPool: *mut c_void,
     location: *mut c_void,
 ) -> u32 {
     unsafe {
         crate::runtime::call(
-            &chidori_cuda::calls::cudart::cudaMemPoolGetAccess,
+            &chidori_cuda::calls::cudart::cudaMemPoolGetAccess__cu118,
             &[
                 (flags) as usize as u64,
                 (memPool) as usize as u64,
@@ -5981,7 +6362,25 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemPoolGetAccess(
         ) as u32
     }
 }
-///`cudaMemPoolGetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaMemPoolGetAccess` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemPoolGetAccess__cu135(
+    flags: *mut c_void,
+    memPool: *mut c_void,
+    location: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemPoolGetAccess__cu135,
+            &[
+                (flags) as usize as u64,
+                (memPool) as usize as u64,
+                (location) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaMemPoolGetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemPoolGetAttribute(
     memPool: *mut c_void,
@@ -5997,19 +6396,33 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemPoolGetAttribute(
 }
 ///`cudaMemPoolSetAccess` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_cudart_cudaMemPoolSetAccess(
+pub unsafe extern "C" fn __chidori_cudart_cudaMemPoolSetAccess__cu118(
     memPool: *mut c_void,
     descList: *mut c_void,
     count: usize,
 ) -> u32 {
     unsafe {
         crate::runtime::call(
-            &chidori_cuda::calls::cudart::cudaMemPoolSetAccess,
+            &chidori_cuda::calls::cudart::cudaMemPoolSetAccess__cu118,
             &[(memPool) as usize as u64, (descList) as usize as u64, (count) as u64],
         ) as u32
     }
 }
-///`cudaMemPoolSetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaMemPoolSetAccess` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemPoolSetAccess__cu135(
+    memPool: *mut c_void,
+    descList: *mut c_void,
+    count: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemPoolSetAccess__cu135,
+            &[(memPool) as usize as u64, (descList) as usize as u64, (count) as u64],
+        ) as u32
+    }
+}
+///`cudaMemPoolSetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemPoolSetAttribute(
     memPool: *mut c_void,
@@ -6023,7 +6436,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemPoolSetAttribute(
         ) as u32
     }
 }
-///`cudaMemPoolTrimTo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaMemPoolTrimTo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemPoolTrimTo(
     memPool: *mut c_void,
@@ -6078,6 +6491,28 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemPrefetchAsync__cu130(
         ) as u32
     }
 }
+///`cudaMemPrefetchAsync` for CUDA 13.5 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemPrefetchAsync__cu135(
+    devPtr: *mut c_void,
+    count: usize,
+    location: chidori_cuda::types::cudaMemLocation,
+    flags: u32,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemPrefetchAsync__cu135,
+            &[
+                (devPtr) as usize as u64,
+                (count) as u64,
+                &(location) as *const _ as usize as u64,
+                (flags) as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cudaMemPrefetchAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemPrefetchAsync_ptsz__cu118(
@@ -6110,6 +6545,28 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemPrefetchAsync_ptsz__cu130(
     unsafe {
         crate::runtime::call(
             &chidori_cuda::calls::cudart::cudaMemPrefetchAsync_ptsz__cu130,
+            &[
+                (devPtr) as usize as u64,
+                (count) as u64,
+                &(location) as *const _ as usize as u64,
+                (flags) as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaMemPrefetchAsync_ptsz` for CUDA 13.5 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemPrefetchAsync_ptsz__cu135(
+    devPtr: *mut c_void,
+    count: usize,
+    location: chidori_cuda::types::cudaMemLocation,
+    flags: u32,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemPrefetchAsync_ptsz__cu135,
             &[
                 (devPtr) as usize as u64,
                 (count) as u64,
@@ -6166,7 +6623,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemPrefetchAsync_v2_ptsz(
 }
 ///`cudaMemPrefetchBatchAsync` for CUDA 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_cudart_cudaMemPrefetchBatchAsync(
+pub unsafe extern "C" fn __chidori_cudart_cudaMemPrefetchBatchAsync__cu130(
     dptrs: *mut c_void,
     sizes: *mut c_void,
     count: usize,
@@ -6178,7 +6635,35 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemPrefetchBatchAsync(
 ) -> u32 {
     unsafe {
         crate::runtime::call(
-            &chidori_cuda::calls::cudart::cudaMemPrefetchBatchAsync,
+            &chidori_cuda::calls::cudart::cudaMemPrefetchBatchAsync__cu130,
+            &[
+                (dptrs) as usize as u64,
+                (sizes) as usize as u64,
+                (count) as u64,
+                (prefetchLocs) as usize as u64,
+                (prefetchLocIdxs) as usize as u64,
+                (numPrefetchLocs) as u64,
+                (flags) as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaMemPrefetchBatchAsync` for CUDA 13.5 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemPrefetchBatchAsync__cu135(
+    dptrs: *mut c_void,
+    sizes: *mut c_void,
+    count: usize,
+    prefetchLocs: *mut c_void,
+    prefetchLocIdxs: *mut c_void,
+    numPrefetchLocs: usize,
+    flags: u64,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemPrefetchBatchAsync__cu135,
             &[
                 (dptrs) as usize as u64,
                 (sizes) as usize as u64,
@@ -6194,7 +6679,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemPrefetchBatchAsync(
 }
 ///`cudaMemPrefetchBatchAsync_ptsz` for CUDA 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_cudart_cudaMemPrefetchBatchAsync_ptsz(
+pub unsafe extern "C" fn __chidori_cudart_cudaMemPrefetchBatchAsync_ptsz__cu130(
     dptrs: *mut c_void,
     sizes: *mut c_void,
     count: usize,
@@ -6206,7 +6691,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemPrefetchBatchAsync_ptsz(
 ) -> u32 {
     unsafe {
         crate::runtime::call(
-            &chidori_cuda::calls::cudart::cudaMemPrefetchBatchAsync_ptsz,
+            &chidori_cuda::calls::cudart::cudaMemPrefetchBatchAsync_ptsz__cu130,
             &[
                 (dptrs) as usize as u64,
                 (sizes) as usize as u64,
@@ -6220,7 +6705,35 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemPrefetchBatchAsync_ptsz(
         ) as u32
     }
 }
-///`cudaMemRangeGetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaMemPrefetchBatchAsync_ptsz` for CUDA 13.5 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemPrefetchBatchAsync_ptsz__cu135(
+    dptrs: *mut c_void,
+    sizes: *mut c_void,
+    count: usize,
+    prefetchLocs: *mut c_void,
+    prefetchLocIdxs: *mut c_void,
+    numPrefetchLocs: usize,
+    flags: u64,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemPrefetchBatchAsync_ptsz__cu135,
+            &[
+                (dptrs) as usize as u64,
+                (sizes) as usize as u64,
+                (count) as u64,
+                (prefetchLocs) as usize as u64,
+                (prefetchLocIdxs) as usize as u64,
+                (numPrefetchLocs) as u64,
+                (flags) as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaMemRangeGetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemRangeGetAttribute(
     data: *mut c_void,
@@ -6242,7 +6755,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemRangeGetAttribute(
         ) as u32
     }
 }
-///`cudaMemRangeGetAttributes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaMemRangeGetAttributes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemRangeGetAttributes(
     data: *mut c_void,
@@ -6255,7 +6768,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemRangeGetAttributes(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudaMemRangeGetAttributes",
-            version: "13.1",
+            version: "13.5",
             library: "cudart",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -6279,19 +6792,33 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemRangeGetAttributes(
 }
 ///`cudaMemSetMemPool` for CUDA 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_cudart_cudaMemSetMemPool(
+pub unsafe extern "C" fn __chidori_cudart_cudaMemSetMemPool__cu130(
     location: *mut c_void,
     r#type: u32,
     memPool: *mut c_void,
 ) -> u32 {
     unsafe {
         crate::runtime::call(
-            &chidori_cuda::calls::cudart::cudaMemSetMemPool,
+            &chidori_cuda::calls::cudart::cudaMemSetMemPool__cu130,
             &[(location) as usize as u64, (r#type) as u64, (memPool) as usize as u64],
         ) as u32
     }
 }
-///`cudaMemcpy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaMemSetMemPool` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemSetMemPool__cu135(
+    location: *mut c_void,
+    r#type: u32,
+    memPool: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemSetMemPool__cu135,
+            &[(location) as usize as u64, (r#type) as u64, (memPool) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaMemcpy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy(
     dst: *mut c_void,
@@ -6302,7 +6829,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudaMemcpy",
-            version: "13.1",
+            version: "13.5",
             library: "cudart",
             forms: &[
                 &chidori_cuda::calls::cudart::cudaMemcpy__d2d,
@@ -6320,7 +6847,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy(
         crate::custom::cudart::memcpy_sync(&CTX, dst, src, count, kind)
     }
 }
-///`cudaMemcpy2D` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaMemcpy2D` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2D(
     dst: *mut c_void,
@@ -6334,7 +6861,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2D(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudaMemcpy2D",
-            version: "13.1",
+            version: "13.5",
             library: "cudart",
             forms: &[
                 &chidori_cuda::calls::cudart::cudaMemcpy2D__d2d,
@@ -6361,7 +6888,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2D(
         )
     }
 }
-///`cudaMemcpy2DArrayToArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaMemcpy2DArrayToArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DArrayToArray(
     dst: *mut c_void,
@@ -6391,7 +6918,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DArrayToArray(
         ) as u32
     }
 }
-///`cudaMemcpy2DArrayToArray_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaMemcpy2DArrayToArray_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DArrayToArray_ptds(
     dst: *mut c_void,
@@ -6421,7 +6948,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DArrayToArray_ptds(
         ) as u32
     }
 }
-///`cudaMemcpy2DAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaMemcpy2DAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DAsync(
     dst: *mut c_void,
@@ -6436,7 +6963,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DAsync(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudaMemcpy2DAsync",
-            version: "13.1",
+            version: "13.5",
             library: "cudart",
             forms: &[
                 &chidori_cuda::calls::cudart::cudaMemcpy2DAsync__d2d,
@@ -6464,7 +6991,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DAsync(
         )
     }
 }
-///`cudaMemcpy2DAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaMemcpy2DAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DAsync_ptsz(
     dst: *mut c_void,
@@ -6479,7 +7006,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DAsync_ptsz(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudaMemcpy2DAsync_ptsz",
-            version: "13.1",
+            version: "13.5",
             library: "cudart",
             forms: &[
                 &chidori_cuda::calls::cudart::cudaMemcpy2DAsync_ptsz__d2d,
@@ -6507,7 +7034,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DAsync_ptsz(
         )
     }
 }
-///`cudaMemcpy2DFromArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaMemcpy2DFromArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DFromArray(
     dst: *mut c_void,
@@ -6523,7 +7050,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DFromArray(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaMemcpy2DFromArray",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[
                     &chidori_cuda::calls::cudart::cudaMemcpy2DFromArray__a2d,
@@ -6553,7 +7080,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DFromArray(
         }) as u32
     }
 }
-///`cudaMemcpy2DFromArrayAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaMemcpy2DFromArrayAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DFromArrayAsync(
     dst: *mut c_void,
@@ -6570,7 +7097,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DFromArrayAsync(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaMemcpy2DFromArrayAsync",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[
                     &chidori_cuda::calls::cudart::cudaMemcpy2DFromArrayAsync__a2d,
@@ -6601,7 +7128,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DFromArrayAsync(
         }) as u32
     }
 }
-///`cudaMemcpy2DFromArrayAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaMemcpy2DFromArrayAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DFromArrayAsync_ptsz(
     dst: *mut c_void,
@@ -6618,7 +7145,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DFromArrayAsync_ptsz(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaMemcpy2DFromArrayAsync_ptsz",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[
                     &chidori_cuda::calls::cudart::cudaMemcpy2DFromArrayAsync_ptsz__a2d,
@@ -6649,7 +7176,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DFromArrayAsync_ptsz(
         }) as u32
     }
 }
-///`cudaMemcpy2DFromArray_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaMemcpy2DFromArray_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DFromArray_ptds(
     dst: *mut c_void,
@@ -6665,7 +7192,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DFromArray_ptds(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaMemcpy2DFromArray_ptds",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[
                     &chidori_cuda::calls::cudart::cudaMemcpy2DFromArray_ptds__a2d,
@@ -6695,7 +7222,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DFromArray_ptds(
         }) as u32
     }
 }
-///`cudaMemcpy2DToArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaMemcpy2DToArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DToArray(
     dst: *mut c_void,
@@ -6711,7 +7238,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DToArray(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaMemcpy2DToArray",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[
                     &chidori_cuda::calls::cudart::cudaMemcpy2DToArray__d2a,
@@ -6741,7 +7268,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DToArray(
         }) as u32
     }
 }
-///`cudaMemcpy2DToArrayAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaMemcpy2DToArrayAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DToArrayAsync(
     dst: *mut c_void,
@@ -6758,7 +7285,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DToArrayAsync(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaMemcpy2DToArrayAsync",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[
                     &chidori_cuda::calls::cudart::cudaMemcpy2DToArrayAsync__d2a,
@@ -6789,7 +7316,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DToArrayAsync(
         }) as u32
     }
 }
-///`cudaMemcpy2DToArrayAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaMemcpy2DToArrayAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DToArrayAsync_ptsz(
     dst: *mut c_void,
@@ -6806,7 +7333,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DToArrayAsync_ptsz(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaMemcpy2DToArrayAsync_ptsz",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[
                     &chidori_cuda::calls::cudart::cudaMemcpy2DToArrayAsync_ptsz__d2a,
@@ -6837,7 +7364,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DToArrayAsync_ptsz(
         }) as u32
     }
 }
-///`cudaMemcpy2DToArray_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaMemcpy2DToArray_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DToArray_ptds(
     dst: *mut c_void,
@@ -6853,7 +7380,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DToArray_ptds(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaMemcpy2DToArray_ptds",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[
                     &chidori_cuda::calls::cudart::cudaMemcpy2DToArray_ptds__d2a,
@@ -6883,7 +7410,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DToArray_ptds(
         }) as u32
     }
 }
-///`cudaMemcpy2D_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaMemcpy2D_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2D_ptds(
     dst: *mut c_void,
@@ -6897,7 +7424,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2D_ptds(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudaMemcpy2D_ptds",
-            version: "13.1",
+            version: "13.5",
             library: "cudart",
             forms: &[
                 &chidori_cuda::calls::cudart::cudaMemcpy2D_ptds__d2d,
@@ -6924,13 +7451,13 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2D_ptds(
         )
     }
 }
-///`cudaMemcpy3D` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaMemcpy3D` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy3D(p: *mut c_void) -> u32 {
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudaMemcpy3D",
-            version: "13.1",
+            version: "13.5",
             library: "cudart",
             forms: &[&chidori_cuda::calls::cudart::cudaMemcpy3D__d2d],
             codes: chidori_cuda::desc::Codes {
@@ -6944,7 +7471,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy3D(p: *mut c_void) -> u32 {
         crate::custom::arrays::memcpy_3d(&CTX, p)
     }
 }
-///`cudaMemcpy3DAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaMemcpy3DAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy3DAsync(
     p: *mut c_void,
@@ -6953,7 +7480,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy3DAsync(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudaMemcpy3DAsync",
-            version: "13.1",
+            version: "13.5",
             library: "cudart",
             forms: &[&chidori_cuda::calls::cudart::cudaMemcpy3DAsync__d2d],
             codes: chidori_cuda::desc::Codes {
@@ -6967,7 +7494,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy3DAsync(
         crate::custom::arrays::memcpy_3d_async(&CTX, p, stream)
     }
 }
-///`cudaMemcpy3DAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaMemcpy3DAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy3DAsync_ptsz(
     p: *mut c_void,
@@ -6976,7 +7503,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy3DAsync_ptsz(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudaMemcpy3DAsync_ptsz",
-            version: "13.1",
+            version: "13.5",
             library: "cudart",
             forms: &[&chidori_cuda::calls::cudart::cudaMemcpy3DAsync_ptsz__d2d],
             codes: chidori_cuda::desc::Codes {
@@ -7040,6 +7567,41 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy3DBatchAsync__cu130(
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaMemcpy3DBatchAsync",
                 version: "13.1",
+                library: "cudart",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::arrays::batch_raw(
+                &CTX,
+                &[
+                    (numOps) as u64,
+                    (opList) as usize as u64,
+                    (flags) as u64,
+                    (stream) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cudaMemcpy3DBatchAsync` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy3DBatchAsync__cu135(
+    numOps: usize,
+    opList: *mut c_void,
+    flags: u64,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaMemcpy3DBatchAsync",
+                version: "13.5",
                 library: "cudart",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -7134,7 +7696,42 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy3DBatchAsync_ptsz__cu130(
         }) as u32
     }
 }
-///`cudaMemcpy3DPeer` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cudaMemcpy3DBatchAsync_ptsz` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy3DBatchAsync_ptsz__cu135(
+    numOps: usize,
+    opList: *mut c_void,
+    flags: u64,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaMemcpy3DBatchAsync_ptsz",
+                version: "13.5",
+                library: "cudart",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::arrays::batch_raw(
+                &CTX,
+                &[
+                    (numOps) as u64,
+                    (opList) as usize as u64,
+                    (flags) as u64,
+                    (stream) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cudaMemcpy3DPeer` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy3DPeer(p: *mut c_void) -> u32 {
     unsafe {
@@ -7144,7 +7741,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy3DPeer(p: *mut c_void) -> u3
         ) as u32
     }
 }
-///`cudaMemcpy3DPeerAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cudaMemcpy3DPeerAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy3DPeerAsync(
     p: *mut c_void,
@@ -7157,7 +7754,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy3DPeerAsync(
         ) as u32
     }
 }
-///`cudaMemcpy3DPeerAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cudaMemcpy3DPeerAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy3DPeerAsync_ptsz(
     p: *mut c_void,
@@ -7170,7 +7767,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy3DPeerAsync_ptsz(
         ) as u32
     }
 }
-///`cudaMemcpy3DPeer_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cudaMemcpy3DPeer_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy3DPeer_ptds(p: *mut c_void) -> u32 {
     unsafe {
@@ -7180,13 +7777,71 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy3DPeer_ptds(p: *mut c_void) 
         ) as u32
     }
 }
-///`cudaMemcpy3D_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaMemcpy3DWithAttributesAsync` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy3DWithAttributesAsync(
+    op: *mut c_void,
+    flags: u64,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaMemcpy3DWithAttributesAsync",
+                version: "13.5",
+                library: "cudart",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::arrays::batch_raw(
+                &CTX,
+                &[(op) as usize as u64, (flags) as u64, (stream) as usize as u64],
+            )
+        }) as u32
+    }
+}
+///`cudaMemcpy3DWithAttributesAsync_ptsz` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy3DWithAttributesAsync_ptsz(
+    op: *mut c_void,
+    flags: u64,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaMemcpy3DWithAttributesAsync_ptsz",
+                version: "13.5",
+                library: "cudart",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::arrays::batch_raw(
+                &CTX,
+                &[(op) as usize as u64, (flags) as u64, (stream) as usize as u64],
+            )
+        }) as u32
+    }
+}
+///`cudaMemcpy3D_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy3D_ptds(p: *mut c_void) -> u32 {
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudaMemcpy3D_ptds",
-            version: "13.1",
+            version: "13.5",
             library: "cudart",
             forms: &[&chidori_cuda::calls::cudart::cudaMemcpy3D_ptds__d2d],
             codes: chidori_cuda::desc::Codes {
@@ -7200,7 +7855,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy3D_ptds(p: *mut c_void) -> u
         crate::custom::arrays::memcpy_3d(&CTX, p)
     }
 }
-///`cudaMemcpyArrayToArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaMemcpyArrayToArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyArrayToArray(
     dst: *mut c_void,
@@ -7228,7 +7883,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyArrayToArray(
         ) as u32
     }
 }
-///`cudaMemcpyArrayToArray_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaMemcpyArrayToArray_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyArrayToArray_ptds(
     dst: *mut c_void,
@@ -7256,7 +7911,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyArrayToArray_ptds(
         ) as u32
     }
 }
-///`cudaMemcpyAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaMemcpyAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyAsync(
     dst: *mut c_void,
@@ -7268,7 +7923,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyAsync(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudaMemcpyAsync",
-            version: "13.1",
+            version: "13.5",
             library: "cudart",
             forms: &[
                 &chidori_cuda::calls::cudart::cudaMemcpyAsync__d2d,
@@ -7286,7 +7941,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyAsync(
         crate::custom::cudart::memcpy_async(&CTX, dst, src, count, kind, stream)
     }
 }
-///`cudaMemcpyAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaMemcpyAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyAsync_ptsz(
     dst: *mut c_void,
@@ -7298,7 +7953,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyAsync_ptsz(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudaMemcpyAsync_ptsz",
-            version: "13.1",
+            version: "13.5",
             library: "cudart",
             forms: &[
                 &chidori_cuda::calls::cudart::cudaMemcpyAsync_ptsz__d2d,
@@ -7378,6 +8033,49 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyBatchAsync__cu130(
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaMemcpyBatchAsync",
                 version: "13.1",
+                library: "cudart",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::arrays::batch_raw(
+                &CTX,
+                &[
+                    (dsts) as usize as u64,
+                    (srcs) as usize as u64,
+                    (sizes) as usize as u64,
+                    (count) as u64,
+                    (attrs) as usize as u64,
+                    (attrsIdxs) as usize as u64,
+                    (numAttrs) as u64,
+                    (stream) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cudaMemcpyBatchAsync` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyBatchAsync__cu135(
+    dsts: *mut c_void,
+    srcs: *mut c_void,
+    sizes: *mut c_void,
+    count: usize,
+    attrs: *mut c_void,
+    attrsIdxs: *mut c_void,
+    numAttrs: usize,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaMemcpyBatchAsync",
+                version: "13.5",
                 library: "cudart",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -7492,7 +8190,50 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyBatchAsync_ptsz__cu130(
         }) as u32
     }
 }
-///`cudaMemcpyFromArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaMemcpyBatchAsync_ptsz` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyBatchAsync_ptsz__cu135(
+    dsts: *mut c_void,
+    srcs: *mut c_void,
+    sizes: *mut c_void,
+    count: usize,
+    attrs: *mut c_void,
+    attrsIdxs: *mut c_void,
+    numAttrs: usize,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaMemcpyBatchAsync_ptsz",
+                version: "13.5",
+                library: "cudart",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::arrays::batch_raw(
+                &CTX,
+                &[
+                    (dsts) as usize as u64,
+                    (srcs) as usize as u64,
+                    (sizes) as usize as u64,
+                    (count) as u64,
+                    (attrs) as usize as u64,
+                    (attrsIdxs) as usize as u64,
+                    (numAttrs) as u64,
+                    (stream) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cudaMemcpyFromArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyFromArray(
     dst: *mut c_void,
@@ -7506,7 +8247,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyFromArray(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaMemcpyFromArray",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[
                     &chidori_cuda::calls::cudart::cudaMemcpyFromArray__a2d,
@@ -7534,7 +8275,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyFromArray(
         }) as u32
     }
 }
-///`cudaMemcpyFromArrayAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaMemcpyFromArrayAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyFromArrayAsync(
     dst: *mut c_void,
@@ -7549,7 +8290,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyFromArrayAsync(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaMemcpyFromArrayAsync",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[
                     &chidori_cuda::calls::cudart::cudaMemcpyFromArrayAsync__a2d,
@@ -7578,7 +8319,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyFromArrayAsync(
         }) as u32
     }
 }
-///`cudaMemcpyFromArrayAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaMemcpyFromArrayAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyFromArrayAsync_ptsz(
     dst: *mut c_void,
@@ -7593,7 +8334,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyFromArrayAsync_ptsz(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaMemcpyFromArrayAsync_ptsz",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[
                     &chidori_cuda::calls::cudart::cudaMemcpyFromArrayAsync_ptsz__a2d,
@@ -7622,7 +8363,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyFromArrayAsync_ptsz(
         }) as u32
     }
 }
-///`cudaMemcpyFromArray_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaMemcpyFromArray_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyFromArray_ptds(
     dst: *mut c_void,
@@ -7636,7 +8377,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyFromArray_ptds(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaMemcpyFromArray_ptds",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[
                     &chidori_cuda::calls::cudart::cudaMemcpyFromArray_ptds__a2d,
@@ -7664,7 +8405,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyFromArray_ptds(
         }) as u32
     }
 }
-///`cudaMemcpyFromSymbol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaMemcpyFromSymbol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyFromSymbol(
     dst: *mut c_void,
@@ -7677,7 +8418,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyFromSymbol(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaMemcpyFromSymbol",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -7701,7 +8442,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyFromSymbol(
         }) as u32
     }
 }
-///`cudaMemcpyFromSymbolAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaMemcpyFromSymbolAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyFromSymbolAsync(
     dst: *mut c_void,
@@ -7715,7 +8456,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyFromSymbolAsync(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaMemcpyFromSymbolAsync",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -7740,7 +8481,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyFromSymbolAsync(
         }) as u32
     }
 }
-///`cudaMemcpyFromSymbolAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaMemcpyFromSymbolAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyFromSymbolAsync_ptsz(
     dst: *mut c_void,
@@ -7754,7 +8495,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyFromSymbolAsync_ptsz(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaMemcpyFromSymbolAsync_ptsz",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -7779,7 +8520,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyFromSymbolAsync_ptsz(
         }) as u32
     }
 }
-///`cudaMemcpyFromSymbol_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaMemcpyFromSymbol_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyFromSymbol_ptds(
     dst: *mut c_void,
@@ -7792,7 +8533,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyFromSymbol_ptds(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaMemcpyFromSymbol_ptds",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -7816,7 +8557,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyFromSymbol_ptds(
         }) as u32
     }
 }
-///`cudaMemcpyPeer` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaMemcpyPeer` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyPeer(
     dst: *mut c_void,
@@ -7838,7 +8579,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyPeer(
         ) as u32
     }
 }
-///`cudaMemcpyPeerAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cudaMemcpyPeerAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyPeerAsync(
     dst: *mut c_void,
@@ -7862,7 +8603,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyPeerAsync(
         ) as u32
     }
 }
-///`cudaMemcpyToArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaMemcpyToArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyToArray(
     dst: *mut c_void,
@@ -7876,7 +8617,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyToArray(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaMemcpyToArray",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[
                     &chidori_cuda::calls::cudart::cudaMemcpyToArray__d2a,
@@ -7904,7 +8645,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyToArray(
         }) as u32
     }
 }
-///`cudaMemcpyToArrayAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaMemcpyToArrayAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyToArrayAsync(
     dst: *mut c_void,
@@ -7919,7 +8660,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyToArrayAsync(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaMemcpyToArrayAsync",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[
                     &chidori_cuda::calls::cudart::cudaMemcpyToArrayAsync__d2a,
@@ -7948,7 +8689,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyToArrayAsync(
         }) as u32
     }
 }
-///`cudaMemcpyToArrayAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaMemcpyToArrayAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyToArrayAsync_ptsz(
     dst: *mut c_void,
@@ -7963,7 +8704,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyToArrayAsync_ptsz(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaMemcpyToArrayAsync_ptsz",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[
                     &chidori_cuda::calls::cudart::cudaMemcpyToArrayAsync_ptsz__d2a,
@@ -7992,7 +8733,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyToArrayAsync_ptsz(
         }) as u32
     }
 }
-///`cudaMemcpyToArray_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaMemcpyToArray_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyToArray_ptds(
     dst: *mut c_void,
@@ -8006,7 +8747,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyToArray_ptds(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaMemcpyToArray_ptds",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[
                     &chidori_cuda::calls::cudart::cudaMemcpyToArray_ptds__d2a,
@@ -8034,7 +8775,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyToArray_ptds(
         }) as u32
     }
 }
-///`cudaMemcpyToSymbol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaMemcpyToSymbol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyToSymbol(
     symbol: *mut c_void,
@@ -8047,7 +8788,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyToSymbol(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaMemcpyToSymbol",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -8071,7 +8812,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyToSymbol(
         }) as u32
     }
 }
-///`cudaMemcpyToSymbolAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaMemcpyToSymbolAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyToSymbolAsync(
     symbol: *mut c_void,
@@ -8085,7 +8826,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyToSymbolAsync(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaMemcpyToSymbolAsync",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -8110,7 +8851,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyToSymbolAsync(
         }) as u32
     }
 }
-///`cudaMemcpyToSymbolAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaMemcpyToSymbolAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyToSymbolAsync_ptsz(
     symbol: *mut c_void,
@@ -8124,7 +8865,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyToSymbolAsync_ptsz(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaMemcpyToSymbolAsync_ptsz",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -8149,7 +8890,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyToSymbolAsync_ptsz(
         }) as u32
     }
 }
-///`cudaMemcpyToSymbol_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaMemcpyToSymbol_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyToSymbol_ptds(
     symbol: *mut c_void,
@@ -8162,7 +8903,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyToSymbol_ptds(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaMemcpyToSymbol_ptds",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -8186,7 +8927,81 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyToSymbol_ptds(
         }) as u32
     }
 }
-///`cudaMemcpy_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaMemcpyWithAttributesAsync` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyWithAttributesAsync(
+    dst: *mut c_void,
+    src: *mut c_void,
+    size: usize,
+    attr: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaMemcpyWithAttributesAsync",
+                version: "13.5",
+                library: "cudart",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::arrays::batch_raw(
+                &CTX,
+                &[
+                    (dst) as usize as u64,
+                    (src) as usize as u64,
+                    (size) as u64,
+                    (attr) as usize as u64,
+                    (stream) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cudaMemcpyWithAttributesAsync_ptsz` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyWithAttributesAsync_ptsz(
+    dst: *mut c_void,
+    src: *mut c_void,
+    size: usize,
+    attr: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaMemcpyWithAttributesAsync_ptsz",
+                version: "13.5",
+                library: "cudart",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::arrays::batch_raw(
+                &CTX,
+                &[
+                    (dst) as usize as u64,
+                    (src) as usize as u64,
+                    (size) as u64,
+                    (attr) as usize as u64,
+                    (stream) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cudaMemcpy_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy_ptds(
     dst: *mut c_void,
@@ -8197,7 +9012,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy_ptds(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudaMemcpy_ptds",
-            version: "13.1",
+            version: "13.5",
             library: "cudart",
             forms: &[
                 &chidori_cuda::calls::cudart::cudaMemcpy_ptds__d2d,
@@ -8215,7 +9030,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy_ptds(
         crate::custom::cudart::memcpy_sync(&CTX, dst, src, count, kind)
     }
 }
-///`cudaMemset` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaMemset` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemset(
     devPtr: *mut c_void,
@@ -8229,7 +9044,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemset(
         ) as u32
     }
 }
-///`cudaMemset2D` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaMemset2D` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemset2D(
     devPtr: *mut c_void,
@@ -8251,7 +9066,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemset2D(
         ) as u32
     }
 }
-///`cudaMemset2DAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cudaMemset2DAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemset2DAsync(
     devPtr: *mut c_void,
@@ -8275,7 +9090,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemset2DAsync(
         ) as u32
     }
 }
-///`cudaMemset2DAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cudaMemset2DAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemset2DAsync_ptsz(
     devPtr: *mut c_void,
@@ -8299,7 +9114,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemset2DAsync_ptsz(
         ) as u32
     }
 }
-///`cudaMemset2D_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaMemset2D_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemset2D_ptds(
     devPtr: *mut c_void,
@@ -8321,7 +9136,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemset2D_ptds(
         ) as u32
     }
 }
-///`cudaMemset3D` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaMemset3D` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemset3D(
     pitchedDevPtr: chidori_cuda::types::cudaPitchedPtr,
@@ -8339,7 +9154,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemset3D(
         ) as u32
     }
 }
-///`cudaMemset3DAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cudaMemset3DAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemset3DAsync(
     pitchedDevPtr: chidori_cuda::types::cudaPitchedPtr,
@@ -8359,7 +9174,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemset3DAsync(
         ) as u32
     }
 }
-///`cudaMemset3DAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cudaMemset3DAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemset3DAsync_ptsz(
     pitchedDevPtr: chidori_cuda::types::cudaPitchedPtr,
@@ -8379,7 +9194,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemset3DAsync_ptsz(
         ) as u32
     }
 }
-///`cudaMemset3D_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaMemset3D_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemset3D_ptds(
     pitchedDevPtr: chidori_cuda::types::cudaPitchedPtr,
@@ -8397,7 +9212,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemset3D_ptds(
         ) as u32
     }
 }
-///`cudaMemsetAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cudaMemsetAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemsetAsync(
     devPtr: *mut c_void,
@@ -8417,7 +9232,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemsetAsync(
         ) as u32
     }
 }
-///`cudaMemsetAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cudaMemsetAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemsetAsync_ptsz(
     devPtr: *mut c_void,
@@ -8437,7 +9252,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemsetAsync_ptsz(
         ) as u32
     }
 }
-///`cudaMemset_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaMemset_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemset_ptds(
     devPtr: *mut c_void,
@@ -8451,7 +9266,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemset_ptds(
         ) as u32
     }
 }
-///`cudaMipmappedArrayGetMemoryRequirements` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaMipmappedArrayGetMemoryRequirements` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMipmappedArrayGetMemoryRequirements(
     memoryRequirements: *mut c_void,
@@ -8469,7 +9284,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMipmappedArrayGetMemoryRequirement
         ) as u32
     }
 }
-///`cudaMipmappedArrayGetSparseProperties` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaMipmappedArrayGetSparseProperties` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMipmappedArrayGetSparseProperties(
     sparseProperties: *mut c_void,
@@ -8482,7 +9297,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMipmappedArrayGetSparseProperties(
         ) as u32
     }
 }
-///`cudaOccupancyAvailableDynamicSMemPerBlock` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaOccupancyAvailableDynamicSMemPerBlock` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaOccupancyAvailableDynamicSMemPerBlock(
     dynamicSmemSize: *mut c_void,
@@ -8493,7 +9308,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaOccupancyAvailableDynamicSMemPerBl
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudaOccupancyAvailableDynamicSMemPerBlock",
-            version: "13.1",
+            version: "13.5",
             library: "cudart",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -8513,7 +9328,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaOccupancyAvailableDynamicSMemPerBl
         )
     }
 }
-///`cudaOccupancyMaxActiveBlocksPerMultiprocessor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaOccupancyMaxActiveBlocksPerMultiprocessor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaOccupancyMaxActiveBlocksPerMultiprocessor(
     numBlocks: *mut c_void,
@@ -8530,7 +9345,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaOccupancyMaxActiveBlocksPerMultipr
         )
     }
 }
-///`cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
     numBlocks: *mut c_void,
@@ -8694,6 +9509,35 @@ pub unsafe extern "C" fn __chidori_cudart_cudaOccupancyMaxActiveClusters__cu130(
         )
     }
 }
+///`cudaOccupancyMaxActiveClusters` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaOccupancyMaxActiveClusters__cu135(
+    numClusters: *mut c_void,
+    func: *mut c_void,
+    launchConfig: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaOccupancyMaxActiveClusters",
+            version: "13.5",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::kernels::max_active_clusters(
+            &CTX,
+            numClusters,
+            func,
+            launchConfig,
+        )
+    }
+}
 ///`cudaOccupancyMaxPotentialClusterSize` for CUDA 11.8 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaOccupancyMaxPotentialClusterSize__cu118(
@@ -8839,7 +9683,36 @@ pub unsafe extern "C" fn __chidori_cudart_cudaOccupancyMaxPotentialClusterSize__
         )
     }
 }
-///`cudaPeekAtLastError` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`cudaOccupancyMaxPotentialClusterSize` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaOccupancyMaxPotentialClusterSize__cu135(
+    clusterSize: *mut c_void,
+    func: *mut c_void,
+    launchConfig: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaOccupancyMaxPotentialClusterSize",
+            version: "13.5",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::kernels::max_potential_cluster_size(
+            &CTX,
+            clusterSize,
+            func,
+            launchConfig,
+        )
+    }
+}
+///`cudaPeekAtLastError` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaPeekAtLastError() -> u32 {
     unsafe { crate::custom::cudart::cudaPeekAtLastError() }
@@ -8867,7 +9740,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaPointerGetAttributes__cu118(
         crate::custom::cudart::get_pointer_attributes(&CTX, attributes, ptr)
     }
 }
-///`cudaPointerGetAttributes` for CUDA 13.0, 13.1 (local).
+///`cudaPointerGetAttributes` for CUDA 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaPointerGetAttributes__cu130(
     attributes: *mut c_void,
@@ -8876,7 +9749,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaPointerGetAttributes__cu130(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudaPointerGetAttributes",
-            version: "13.1",
+            version: "13.5",
             library: "cudart",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -8890,12 +9763,12 @@ pub unsafe extern "C" fn __chidori_cudart_cudaPointerGetAttributes__cu130(
         crate::custom::cudart::get_pointer_attributes(&CTX, attributes, ptr)
     }
 }
-///`cudaProfilerStart` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`cudaProfilerStart` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaProfilerStart() -> u32 {
     unsafe { crate::custom::cudart::cudaProfilerStart() }
 }
-///`cudaProfilerStop` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`cudaProfilerStop` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaProfilerStop() -> u32 {
     unsafe { crate::custom::cudart::cudaProfilerStop() }
@@ -8944,7 +9817,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaRuntimeGetVersion__cu121(
         crate::custom::cudart::runtime_get_version(&CTX, runtimeVersion)
     }
 }
-///`cudaRuntimeGetVersion` for CUDA 13.0, 13.1 (local).
+///`cudaRuntimeGetVersion` for CUDA 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaRuntimeGetVersion__cu130(
     runtimeVersion: *mut c_void,
@@ -8952,7 +9825,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaRuntimeGetVersion__cu130(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudaRuntimeGetVersion",
-            version: "13.1",
+            version: "13.5",
             library: "cudart",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -8966,19 +9839,19 @@ pub unsafe extern "C" fn __chidori_cudart_cudaRuntimeGetVersion__cu130(
         crate::custom::cudart::runtime_get_version(&CTX, runtimeVersion)
     }
 }
-///`cudaSetDevice` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaSetDevice` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaSetDevice(device: i32) -> u32 {
     unsafe { crate::custom::cudart::cudaSetDevice(device) }
 }
-///`cudaSetDeviceFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaSetDeviceFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaSetDeviceFlags(flags: u32) -> u32 {
     unsafe {
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaSetDeviceFlags",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[&chidori_cuda::calls::cudart::cudaSetDeviceFlags__call],
                 codes: chidori_cuda::desc::Codes {
@@ -9013,7 +9886,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaSetDoubleForHost(d: *mut c_void) -
         ) as u32
     }
 }
-///`cudaSetValidDevices` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaSetValidDevices` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaSetValidDevices(
     device_arr: *mut c_void,
@@ -9026,7 +9899,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaSetValidDevices(
         ) as u32
     }
 }
-///`cudaStreamAddCallback` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaStreamAddCallback` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaStreamAddCallback(
     stream: *mut c_void,
@@ -9037,7 +9910,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamAddCallback(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudaStreamAddCallback",
-            version: "13.1",
+            version: "13.5",
             library: "cudart",
             forms: &[&chidori_cuda::calls::cudart::cudaStreamAddCallback__host],
             codes: chidori_cuda::desc::Codes {
@@ -9051,7 +9924,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamAddCallback(
         crate::custom::cudart::stream_callback(&CTX, stream, callback, userData, flags)
     }
 }
-///`cudaStreamAddCallback_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaStreamAddCallback_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaStreamAddCallback_ptsz(
     stream: *mut c_void,
@@ -9062,7 +9935,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamAddCallback_ptsz(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudaStreamAddCallback_ptsz",
-            version: "13.1",
+            version: "13.5",
             library: "cudart",
             forms: &[&chidori_cuda::calls::cudart::cudaStreamAddCallback_ptsz__host],
             codes: chidori_cuda::desc::Codes {
@@ -9076,7 +9949,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamAddCallback_ptsz(
         crate::custom::cudart::stream_callback(&CTX, stream, callback, userData, flags)
     }
 }
-///`cudaStreamAttachMemAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cudaStreamAttachMemAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaStreamAttachMemAsync(
     stream: *mut c_void,
@@ -9096,7 +9969,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamAttachMemAsync(
         ) as u32
     }
 }
-///`cudaStreamAttachMemAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cudaStreamAttachMemAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaStreamAttachMemAsync_ptsz(
     stream: *mut c_void,
@@ -9116,7 +9989,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamAttachMemAsync_ptsz(
         ) as u32
     }
 }
-///`cudaStreamBeginCapture` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaStreamBeginCapture` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaStreamBeginCapture(
     stream: *mut c_void,
@@ -9125,7 +9998,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamBeginCapture(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudaStreamBeginCapture",
-            version: "13.1",
+            version: "13.5",
             library: "cudart",
             forms: &[
                 &chidori_cuda::calls::cudart::cudaStreamBeginCapture__async,
@@ -9142,7 +10015,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamBeginCapture(
         crate::custom::capture::begin_capture(&CTX, stream, mode)
     }
 }
-///`cudaStreamBeginCaptureToGraph` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaStreamBeginCaptureToGraph` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaStreamBeginCaptureToGraph(
     stream: *mut c_void,
@@ -9155,7 +10028,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamBeginCaptureToGraph(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudaStreamBeginCaptureToGraph",
-            version: "13.1",
+            version: "13.5",
             library: "cudart",
             forms: &[&chidori_cuda::calls::cudart::cudaStreamBeginCaptureToGraph__call],
             codes: chidori_cuda::desc::Codes {
@@ -9177,7 +10050,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamBeginCaptureToGraph(
         )
     }
 }
-///`cudaStreamBeginCaptureToGraph_ptsz` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaStreamBeginCaptureToGraph_ptsz` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaStreamBeginCaptureToGraph_ptsz(
     stream: *mut c_void,
@@ -9190,7 +10063,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamBeginCaptureToGraph_ptsz(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudaStreamBeginCaptureToGraph_ptsz",
-            version: "13.1",
+            version: "13.5",
             library: "cudart",
             forms: &[
                 &chidori_cuda::calls::cudart::cudaStreamBeginCaptureToGraph_ptsz__call,
@@ -9214,7 +10087,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamBeginCaptureToGraph_ptsz(
         )
     }
 }
-///`cudaStreamBeginCapture_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaStreamBeginCapture_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaStreamBeginCapture_ptsz(
     stream: *mut c_void,
@@ -9223,7 +10096,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamBeginCapture_ptsz(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudaStreamBeginCapture_ptsz",
-            version: "13.1",
+            version: "13.5",
             library: "cudart",
             forms: &[
                 &chidori_cuda::calls::cudart::cudaStreamBeginCapture_ptsz__async,
@@ -9240,7 +10113,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamBeginCapture_ptsz(
         crate::custom::capture::begin_capture(&CTX, stream, mode)
     }
 }
-///`cudaStreamCopyAttributes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaStreamCopyAttributes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaStreamCopyAttributes(
     dst: *mut c_void,
@@ -9253,7 +10126,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamCopyAttributes(
         ) as u32
     }
 }
-///`cudaStreamCopyAttributes_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaStreamCopyAttributes_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaStreamCopyAttributes_ptsz(
     dst: *mut c_void,
@@ -9266,14 +10139,14 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamCopyAttributes_ptsz(
         ) as u32
     }
 }
-///`cudaStreamCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaStreamCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaStreamCreate(pStream: *mut c_void) -> u32 {
     unsafe {
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaStreamCreate",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[
                     &chidori_cuda::calls::cudart::cudaStreamCreate__async,
@@ -9291,7 +10164,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamCreate(pStream: *mut c_void)
         }) as u32
     }
 }
-///`cudaStreamCreateWithFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaStreamCreateWithFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaStreamCreateWithFlags(
     pStream: *mut c_void,
@@ -9301,7 +10174,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamCreateWithFlags(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaStreamCreateWithFlags",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[
                     &chidori_cuda::calls::cudart::cudaStreamCreateWithFlags__async,
@@ -9322,7 +10195,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamCreateWithFlags(
         }) as u32
     }
 }
-///`cudaStreamCreateWithPriority` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaStreamCreateWithPriority` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaStreamCreateWithPriority(
     pStream: *mut c_void,
@@ -9333,7 +10206,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamCreateWithPriority(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaStreamCreateWithPriority",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[
                     &chidori_cuda::calls::cudart::cudaStreamCreateWithPriority__async,
@@ -9354,7 +10227,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamCreateWithPriority(
         }) as u32
     }
 }
-///`cudaStreamDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaStreamDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaStreamDestroy(stream: *mut c_void) -> u32 {
     unsafe {
@@ -9364,7 +10237,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamDestroy(stream: *mut c_void)
         ) as u32
     }
 }
-///`cudaStreamEndCapture` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaStreamEndCapture` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaStreamEndCapture(
     stream: *mut c_void,
@@ -9373,7 +10246,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamEndCapture(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudaStreamEndCapture",
-            version: "13.1",
+            version: "13.5",
             library: "cudart",
             forms: &[&chidori_cuda::calls::cudart::cudaStreamEndCapture__call],
             codes: chidori_cuda::desc::Codes {
@@ -9387,7 +10260,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamEndCapture(
         crate::custom::capture::end_capture(&CTX, stream, pGraph)
     }
 }
-///`cudaStreamEndCapture_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaStreamEndCapture_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaStreamEndCapture_ptsz(
     stream: *mut c_void,
@@ -9396,7 +10269,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamEndCapture_ptsz(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudaStreamEndCapture_ptsz",
-            version: "13.1",
+            version: "13.5",
             library: "cudart",
             forms: &[&chidori_cuda::calls::cudart::cudaStreamEndCapture_ptsz__call],
             codes: chidori_cuda::desc::Codes {
@@ -9480,6 +10353,20 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetAttribute__cu130(
         ) as u32
     }
 }
+///`cudaStreamGetAttribute` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetAttribute__cu135(
+    hStream: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaStreamGetAttribute__cu135,
+            &[(hStream) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
+    }
+}
 ///`cudaStreamGetAttribute_ptsz` for CUDA 11.8 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetAttribute_ptsz__cu118(
@@ -9550,6 +10437,20 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetAttribute_ptsz__cu130(
         ) as u32
     }
 }
+///`cudaStreamGetAttribute_ptsz` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetAttribute_ptsz__cu135(
+    hStream: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaStreamGetAttribute_ptsz__cu135,
+            &[(hStream) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
+    }
+}
 ///`cudaStreamGetCaptureInfo` for CUDA 11.8 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetCaptureInfo__cu118(
@@ -9576,7 +10477,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetCaptureInfo__cu118(
         crate::custom::capture::get_capture_info_3(&CTX, stream, pCaptureStatus, pId)
     }
 }
-///`cudaStreamGetCaptureInfo` for CUDA 13.0, 13.1 (custom).
+///`cudaStreamGetCaptureInfo` for CUDA 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetCaptureInfo__cu130(
     stream: *mut c_void,
@@ -9590,7 +10491,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetCaptureInfo__cu130(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudaStreamGetCaptureInfo",
-            version: "13.1",
+            version: "13.5",
             library: "cudart",
             forms: &[
                 &chidori_cuda::calls::cudart::cudaStreamGetCaptureInfo__cu130__call,
@@ -9641,7 +10542,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetCaptureInfo_ptsz__cu118(
         crate::custom::capture::get_capture_info_3(&CTX, stream, pCaptureStatus, pId)
     }
 }
-///`cudaStreamGetCaptureInfo_ptsz` for CUDA 13.0, 13.1 (custom).
+///`cudaStreamGetCaptureInfo_ptsz` for CUDA 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetCaptureInfo_ptsz__cu130(
     stream: *mut c_void,
@@ -9655,7 +10556,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetCaptureInfo_ptsz__cu130(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudaStreamGetCaptureInfo_ptsz",
-            version: "13.1",
+            version: "13.5",
             library: "cudart",
             forms: &[
                 &chidori_cuda::calls::cudart::cudaStreamGetCaptureInfo_ptsz__cu130__call,
@@ -9824,7 +10725,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetCaptureInfo_v3_ptsz(
         )
     }
 }
-///`cudaStreamGetDevResource` for CUDA 13.1 (sync).
+///`cudaStreamGetDevResource` for CUDA 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetDevResource(
     hStream: *mut c_void,
@@ -9838,7 +10739,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetDevResource(
         ) as u32
     }
 }
-///`cudaStreamGetDevResource_ptsz` for CUDA 13.1 (sync).
+///`cudaStreamGetDevResource_ptsz` for CUDA 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetDevResource_ptsz(
     hStream: *mut c_void,
@@ -9852,7 +10753,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetDevResource_ptsz(
         ) as u32
     }
 }
-///`cudaStreamGetDevice` for CUDA 12.8, 13.0, 13.1 (sync).
+///`cudaStreamGetDevice` for CUDA 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetDevice(
     hStream: *mut c_void,
@@ -9865,7 +10766,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetDevice(
         ) as u32
     }
 }
-///`cudaStreamGetDevice_ptsz` for CUDA 12.8, 13.0, 13.1 (sync).
+///`cudaStreamGetDevice_ptsz` for CUDA 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetDevice_ptsz(
     hStream: *mut c_void,
@@ -9878,7 +10779,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetDevice_ptsz(
         ) as u32
     }
 }
-///`cudaStreamGetFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaStreamGetFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetFlags(
     hStream: *mut c_void,
@@ -9891,7 +10792,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetFlags(
         ) as u32
     }
 }
-///`cudaStreamGetFlags_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaStreamGetFlags_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetFlags_ptsz(
     hStream: *mut c_void,
@@ -9904,7 +10805,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetFlags_ptsz(
         ) as u32
     }
 }
-///`cudaStreamGetId` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaStreamGetId` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetId(
     hStream: *mut c_void,
@@ -9917,7 +10818,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetId(
         ) as u32
     }
 }
-///`cudaStreamGetId_ptsz` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaStreamGetId_ptsz` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetId_ptsz(
     hStream: *mut c_void,
@@ -9930,7 +10831,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetId_ptsz(
         ) as u32
     }
 }
-///`cudaStreamGetPriority` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaStreamGetPriority` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetPriority(
     hStream: *mut c_void,
@@ -9943,7 +10844,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetPriority(
         ) as u32
     }
 }
-///`cudaStreamGetPriority_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaStreamGetPriority_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetPriority_ptsz(
     hStream: *mut c_void,
@@ -9956,7 +10857,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetPriority_ptsz(
         ) as u32
     }
 }
-///`cudaStreamIsCapturing` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaStreamIsCapturing` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaStreamIsCapturing(
     stream: *mut c_void,
@@ -9965,7 +10866,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamIsCapturing(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudaStreamIsCapturing",
-            version: "13.1",
+            version: "13.5",
             library: "cudart",
             forms: &[&chidori_cuda::calls::cudart::cudaStreamIsCapturing__call],
             codes: chidori_cuda::desc::Codes {
@@ -9979,7 +10880,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamIsCapturing(
         crate::custom::capture::stream_is_capturing(&CTX, stream, pCaptureStatus)
     }
 }
-///`cudaStreamIsCapturing_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaStreamIsCapturing_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaStreamIsCapturing_ptsz(
     stream: *mut c_void,
@@ -9988,7 +10889,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamIsCapturing_ptsz(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudaStreamIsCapturing_ptsz",
-            version: "13.1",
+            version: "13.5",
             library: "cudart",
             forms: &[&chidori_cuda::calls::cudart::cudaStreamIsCapturing_ptsz__call],
             codes: chidori_cuda::desc::Codes {
@@ -10002,7 +10903,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamIsCapturing_ptsz(
         crate::custom::capture::stream_is_capturing(&CTX, stream, pCaptureStatus)
     }
 }
-///`cudaStreamQuery` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaStreamQuery` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaStreamQuery(stream: *mut c_void) -> u32 {
     unsafe {
@@ -10012,7 +10913,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamQuery(stream: *mut c_void) -
         ) as u32
     }
 }
-///`cudaStreamQuery_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaStreamQuery_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaStreamQuery_ptsz(
     stream: *mut c_void,
@@ -10094,6 +10995,20 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamSetAttribute__cu130(
         ) as u32
     }
 }
+///`cudaStreamSetAttribute` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamSetAttribute__cu135(
+    hStream: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaStreamSetAttribute__cu135,
+            &[(hStream) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
 ///`cudaStreamSetAttribute_ptsz` for CUDA 11.8 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaStreamSetAttribute_ptsz__cu118(
@@ -10164,7 +11079,21 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamSetAttribute_ptsz__cu130(
         ) as u32
     }
 }
-///`cudaStreamSynchronize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaStreamSetAttribute_ptsz` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamSetAttribute_ptsz__cu135(
+    hStream: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaStreamSetAttribute_ptsz__cu135,
+            &[(hStream) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaStreamSynchronize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaStreamSynchronize(
     stream: *mut c_void,
@@ -10172,7 +11101,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamSynchronize(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudaStreamSynchronize",
-            version: "13.1",
+            version: "13.5",
             library: "cudart",
             forms: &[
                 &chidori_cuda::calls::cudart::cudaStreamSynchronize__async,
@@ -10189,7 +11118,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamSynchronize(
         crate::custom::sync::stream_synchronize(&CTX, stream)
     }
 }
-///`cudaStreamSynchronize_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaStreamSynchronize_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaStreamSynchronize_ptsz(
     stream: *mut c_void,
@@ -10197,7 +11126,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamSynchronize_ptsz(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudaStreamSynchronize_ptsz",
-            version: "13.1",
+            version: "13.5",
             library: "cudart",
             forms: &[
                 &chidori_cuda::calls::cudart::cudaStreamSynchronize_ptsz__async,
@@ -10234,7 +11163,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamUpdateCaptureDependencies__c
         ) as u32
     }
 }
-///`cudaStreamUpdateCaptureDependencies` for CUDA 13.0, 13.1 (sync).
+///`cudaStreamUpdateCaptureDependencies` for CUDA 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaStreamUpdateCaptureDependencies__cu130(
     stream: *mut c_void,
@@ -10276,7 +11205,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamUpdateCaptureDependencies_pt
         ) as u32
     }
 }
-///`cudaStreamUpdateCaptureDependencies_ptsz` for CUDA 13.0, 13.1 (sync).
+///`cudaStreamUpdateCaptureDependencies_ptsz` for CUDA 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaStreamUpdateCaptureDependencies_ptsz__cu130(
     stream: *mut c_void,
@@ -10342,7 +11271,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamUpdateCaptureDependencies_v2
         ) as u32
     }
 }
-///`cudaStreamWaitEvent` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cudaStreamWaitEvent` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaStreamWaitEvent(
     stream: *mut c_void,
@@ -10356,7 +11285,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamWaitEvent(
         ) as u32
     }
 }
-///`cudaStreamWaitEvent_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cudaStreamWaitEvent_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaStreamWaitEvent_ptsz(
     stream: *mut c_void,
@@ -10370,7 +11299,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamWaitEvent_ptsz(
         ) as u32
     }
 }
-///`cudaThreadExchangeStreamCaptureMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaThreadExchangeStreamCaptureMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaThreadExchangeStreamCaptureMode(
     mode: *mut c_void,
@@ -10378,7 +11307,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaThreadExchangeStreamCaptureMode(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudaThreadExchangeStreamCaptureMode",
-            version: "13.1",
+            version: "13.5",
             library: "cudart",
             forms: &[
                 &chidori_cuda::calls::cudart::cudaThreadExchangeStreamCaptureMode__async,
@@ -10485,7 +11414,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaUnbindTexture(texref: *mut c_void)
         ) as u32
     }
 }
-///`cudaUserObjectCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudaUserObjectCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaUserObjectCreate(
     object_out: *mut c_void,
@@ -10498,7 +11427,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaUserObjectCreate(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudaUserObjectCreate",
-                version: "13.1",
+                version: "13.5",
                 library: "cudart",
                 forms: &[&chidori_cuda::calls::cudart::cudaUserObjectCreate__host],
                 codes: chidori_cuda::desc::Codes {
@@ -10522,7 +11451,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaUserObjectCreate(
         }) as u32
     }
 }
-///`cudaUserObjectRelease` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaUserObjectRelease` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaUserObjectRelease(
     object: *mut c_void,
@@ -10535,7 +11464,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaUserObjectRelease(
         ) as u32
     }
 }
-///`cudaUserObjectRetain` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaUserObjectRetain` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaUserObjectRetain(
     object: *mut c_void,

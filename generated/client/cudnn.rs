@@ -40,7 +40,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnActivationBackward__cu118(
         ) as u32
     }
 }
-///`cudnnActivationBackward` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnActivationBackward` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnActivationBackward__cu126(
     handle: *mut c_void,
@@ -104,7 +104,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnActivationForward__cu118(
         ) as u32
     }
 }
-///`cudnnActivationForward` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnActivationForward` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnActivationForward__cu126(
     handle: *mut c_void,
@@ -158,7 +158,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnAddTensor__cu118(
         ) as u32
     }
 }
-///`cudnnAddTensor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnAddTensor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnAddTensor__cu126(
     handle: *mut c_void,
@@ -200,7 +200,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnAdvTrainVersionCheck() -> u32 {
             as u32
     }
 }
-///`cudnnAdvVersionCheck` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnAdvVersionCheck` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnAdvVersionCheck() -> u32 {
     unsafe {
@@ -234,7 +234,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendCreateDescriptor__cu118(
         crate::custom::cudnn::backend_create_descriptor(&CTX, descriptorType, descriptor)
     }
 }
-///`cudnnBackendCreateDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudnnBackendCreateDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendCreateDescriptor__cu126(
     descriptorType: u32,
@@ -243,7 +243,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendCreateDescriptor__cu126(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudnnBackendCreateDescriptor",
-            version: "13.1",
+            version: "13.5",
             library: "cudnn",
             forms: &[
                 &chidori_cuda::calls::cudnn::cudnnBackendCreateDescriptor__cu126__call,
@@ -284,7 +284,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendDestroyDescriptor__cu118(
         crate::custom::cudnn::backend_destroy_descriptor(&CTX, descriptor)
     }
 }
-///`cudnnBackendDestroyDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudnnBackendDestroyDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendDestroyDescriptor__cu126(
     descriptor: *mut c_void,
@@ -292,7 +292,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendDestroyDescriptor__cu126(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudnnBackendDestroyDescriptor",
-            version: "13.1",
+            version: "13.5",
             library: "cudnn",
             forms: &[
                 &chidori_cuda::calls::cudnn::cudnnBackendDestroyDescriptor__cu126__call,
@@ -326,7 +326,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendExecute__cu118(
         ) as u32
     }
 }
-///`cudnnBackendExecute` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnBackendExecute` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendExecute__cu126(
     handle: *mut c_void,
@@ -369,7 +369,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendFinalize__cu118(
         crate::custom::cudnn::backend_finalize(&CTX, descriptor)
     }
 }
-///`cudnnBackendFinalize` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudnnBackendFinalize` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendFinalize__cu126(
     descriptor: *mut c_void,
@@ -377,7 +377,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendFinalize__cu126(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudnnBackendFinalize",
-            version: "13.1",
+            version: "13.5",
             library: "cudnn",
             forms: &[
                 &chidori_cuda::calls::cudnn::cudnnBackendFinalize__cu126__async,
@@ -433,7 +433,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendGetAttribute__cu118(
         )
     }
 }
-///`cudnnBackendGetAttribute` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudnnBackendGetAttribute` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendGetAttribute__cu126(
     descriptor: *mut c_void,
@@ -446,7 +446,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendGetAttribute__cu126(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudnnBackendGetAttribute",
-            version: "13.1",
+            version: "13.5",
             library: "cudnn",
             forms: &[
                 &chidori_cuda::calls::cudnn::cudnnBackendGetAttribute__cu126__call,
@@ -484,7 +484,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendInitialize__cu118(
         ) as u32
     }
 }
-///`cudnnBackendInitialize` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnBackendInitialize` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendInitialize__cu126(
     descriptor: *mut c_void,
@@ -496,7 +496,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendInitialize__cu126(
         ) as u32
     }
 }
-///`cudnnBackendPopulateCudaGraph` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnBackendPopulateCudaGraph` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendPopulateCudaGraph(
     handle: *mut c_void,
@@ -554,7 +554,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendSetAttribute__cu118(
         )
     }
 }
-///`cudnnBackendSetAttribute` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudnnBackendSetAttribute` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendSetAttribute__cu126(
     descriptor: *mut c_void,
@@ -566,7 +566,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendSetAttribute__cu126(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudnnBackendSetAttribute",
-            version: "13.1",
+            version: "13.5",
             library: "cudnn",
             forms: &[
                 &chidori_cuda::calls::cudnn::cudnnBackendSetAttribute__cu126__call,
@@ -592,7 +592,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendSetAttribute__cu126(
         )
     }
 }
-///`cudnnBackendUpdateCudaGraph` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnBackendUpdateCudaGraph` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendUpdateCudaGraph(
     handle: *mut c_void,
@@ -662,7 +662,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnBatchNormalizationBackward__cu118(
         ) as u32
     }
 }
-///`cudnnBatchNormalizationBackward` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnBatchNormalizationBackward` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnBatchNormalizationBackward__cu126(
     handle: *mut c_void,
@@ -784,7 +784,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnBatchNormalizationBackwardEx__cu11
         ) as u32
     }
 }
-///`cudnnBatchNormalizationBackwardEx` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnBatchNormalizationBackwardEx` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnBatchNormalizationBackwardEx__cu126(
     handle: *mut c_void,
@@ -896,7 +896,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnBatchNormalizationForwardInference
         ) as u32
     }
 }
-///`cudnnBatchNormalizationForwardInference` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnBatchNormalizationForwardInference` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnBatchNormalizationForwardInference__cu126(
     handle: *mut c_void,
@@ -982,7 +982,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnBatchNormalizationForwardTraining_
         ) as u32
     }
 }
-///`cudnnBatchNormalizationForwardTraining` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnBatchNormalizationForwardTraining` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnBatchNormalizationForwardTraining__cu126(
     handle: *mut c_void,
@@ -1090,7 +1090,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnBatchNormalizationForwardTrainingE
         ) as u32
     }
 }
-///`cudnnBatchNormalizationForwardTrainingEx` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnBatchNormalizationForwardTrainingEx` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnBatchNormalizationForwardTrainingEx__cu126(
     handle: *mut c_void,
@@ -1170,7 +1170,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnBuildRNNDynamic__cu118(
         ) as u32
     }
 }
-///`cudnnBuildRNNDynamic` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnBuildRNNDynamic` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnBuildRNNDynamic__cu126(
     handle: *mut c_void,
@@ -1241,7 +1241,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnCTCLoss__cu118(
         }) as u32
     }
 }
-///`cudnnCTCLoss` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudnnCTCLoss` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnCTCLoss__cu126(
     handle: *mut c_void,
@@ -1262,7 +1262,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnCTCLoss__cu126(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudnnCTCLoss",
-                version: "13.1",
+                version: "13.5",
                 library: "cudnn",
                 forms: &[&chidori_cuda::calls::cudnn::cudnnCTCLoss__cu126__call],
                 codes: chidori_cuda::desc::Codes {
@@ -1332,7 +1332,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnCTCLoss_v8__cu118(
         ) as u32
     }
 }
-///`cudnnCTCLoss_v8` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnCTCLoss_v8` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnCTCLoss_v8__cu126(
     handle: *mut c_void,
@@ -1386,7 +1386,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnCnnTrainVersionCheck() -> u32 {
             as u32
     }
 }
-///`cudnnCnnVersionCheck` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnCnnVersionCheck` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnCnnVersionCheck() -> u32 {
     unsafe {
@@ -1420,7 +1420,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnConvolutionBackwardBias__cu118(
         ) as u32
     }
 }
-///`cudnnConvolutionBackwardBias` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnConvolutionBackwardBias` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnConvolutionBackwardBias__cu126(
     handle: *mut c_void,
@@ -1484,7 +1484,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnConvolutionBackwardData__cu118(
         ) as u32
     }
 }
-///`cudnnConvolutionBackwardData` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnConvolutionBackwardData` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnConvolutionBackwardData__cu126(
     handle: *mut c_void,
@@ -1560,7 +1560,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnConvolutionBackwardFilter__cu118(
         ) as u32
     }
 }
-///`cudnnConvolutionBackwardFilter` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnConvolutionBackwardFilter` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnConvolutionBackwardFilter__cu126(
     handle: *mut c_void,
@@ -1646,7 +1646,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnConvolutionBiasActivationForward__
         ) as u32
     }
 }
-///`cudnnConvolutionBiasActivationForward` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnConvolutionBiasActivationForward` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnConvolutionBiasActivationForward__cu126(
     handle: *mut c_void,
@@ -1732,7 +1732,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnConvolutionForward__cu118(
         ) as u32
     }
 }
-///`cudnnConvolutionForward` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnConvolutionForward` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnConvolutionForward__cu126(
     handle: *mut c_void,
@@ -1793,7 +1793,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnCreate__cu118(handle: *mut c_void)
         ) as u32
     }
 }
-///`cudnnCreate` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnCreate` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnCreate__cu126(handle: *mut c_void) -> u32 {
     unsafe {
@@ -1815,7 +1815,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateActivationDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnCreateActivationDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnCreateActivationDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateActivationDescriptor__cu126(
     activationDesc: *mut c_void,
@@ -1864,7 +1864,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateAttnDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnCreateAttnDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnCreateAttnDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateAttnDescriptor__cu126(
     attnDesc: *mut c_void,
@@ -1888,7 +1888,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateCTCLossDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnCreateCTCLossDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnCreateCTCLossDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateCTCLossDescriptor__cu126(
     ctcLossDesc: *mut c_void,
@@ -1912,7 +1912,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateConvolutionDescriptor__cu118
         ) as u32
     }
 }
-///`cudnnCreateConvolutionDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnCreateConvolutionDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateConvolutionDescriptor__cu126(
     convDesc: *mut c_void,
@@ -1936,7 +1936,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateDropoutDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnCreateDropoutDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnCreateDropoutDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateDropoutDescriptor__cu126(
     dropoutDesc: *mut c_void,
@@ -1960,7 +1960,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateFilterDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnCreateFilterDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnCreateFilterDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateFilterDescriptor__cu126(
     filterDesc: *mut c_void,
@@ -1985,7 +1985,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateFusedOpsConstParamPack__cu11
         ) as u32
     }
 }
-///`cudnnCreateFusedOpsConstParamPack` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnCreateFusedOpsConstParamPack` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateFusedOpsConstParamPack__cu126(
     constPack: *mut c_void,
@@ -2011,7 +2011,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateFusedOpsPlan__cu118(
         ) as u32
     }
 }
-///`cudnnCreateFusedOpsPlan` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnCreateFusedOpsPlan` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateFusedOpsPlan__cu126(
     plan: *mut c_void,
@@ -2037,7 +2037,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateFusedOpsVariantParamPack__cu
         ) as u32
     }
 }
-///`cudnnCreateFusedOpsVariantParamPack` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnCreateFusedOpsVariantParamPack` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateFusedOpsVariantParamPack__cu126(
     varPack: *mut c_void,
@@ -2062,7 +2062,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateLRNDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnCreateLRNDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnCreateLRNDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateLRNDescriptor__cu126(
     normDesc: *mut c_void,
@@ -2086,7 +2086,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateOpTensorDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnCreateOpTensorDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnCreateOpTensorDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateOpTensorDescriptor__cu126(
     opTensorDesc: *mut c_void,
@@ -2130,7 +2130,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnCreatePoolingDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnCreatePoolingDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnCreatePoolingDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnCreatePoolingDescriptor__cu126(
     poolingDesc: *mut c_void,
@@ -2154,7 +2154,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateRNNDataDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnCreateRNNDataDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnCreateRNNDataDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateRNNDataDescriptor__cu126(
     rnnDataDesc: *mut c_void,
@@ -2178,7 +2178,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateRNNDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnCreateRNNDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnCreateRNNDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateRNNDescriptor__cu126(
     rnnDesc: *mut c_void,
@@ -2202,7 +2202,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateReduceTensorDescriptor__cu11
         ) as u32
     }
 }
-///`cudnnCreateReduceTensorDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnCreateReduceTensorDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateReduceTensorDescriptor__cu126(
     reduceTensorDesc: *mut c_void,
@@ -2226,7 +2226,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateSeqDataDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnCreateSeqDataDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnCreateSeqDataDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateSeqDataDescriptor__cu126(
     seqDataDesc: *mut c_void,
@@ -2250,7 +2250,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateSpatialTransformerDescriptor
         ) as u32
     }
 }
-///`cudnnCreateSpatialTransformerDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnCreateSpatialTransformerDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateSpatialTransformerDescriptor__cu126(
     stDesc: *mut c_void,
@@ -2274,7 +2274,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateTensorDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnCreateTensorDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnCreateTensorDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateTensorDescriptor__cu126(
     tensorDesc: *mut c_void,
@@ -2298,7 +2298,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateTensorTransformDescriptor__c
         ) as u32
     }
 }
-///`cudnnCreateTensorTransformDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnCreateTensorTransformDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateTensorTransformDescriptor__cu126(
     transformDesc: *mut c_void,
@@ -2324,7 +2324,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDeriveBNTensorDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnDeriveBNTensorDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnDeriveBNTensorDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDeriveBNTensorDescriptor__cu126(
     derivedBnDesc: *mut c_void,
@@ -2360,7 +2360,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDeriveNormTensorDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnDeriveNormTensorDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnDeriveNormTensorDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDeriveNormTensorDescriptor__cu126(
     derivedNormScaleBiasDesc: *mut c_void,
@@ -2404,7 +2404,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroy__cu118(
         crate::custom::cudnn::destroy(&CTX, handle)
     }
 }
-///`cudnnDestroy` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudnnDestroy` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroy__cu126(
     handle: *mut c_void,
@@ -2412,7 +2412,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroy__cu126(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudnnDestroy",
-            version: "13.1",
+            version: "13.5",
             library: "cudnn",
             forms: &[&chidori_cuda::calls::cudnn::cudnnDestroy__cu126__call],
             codes: chidori_cuda::desc::Codes {
@@ -2438,7 +2438,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyActivationDescriptor__cu118
         ) as u32
     }
 }
-///`cudnnDestroyActivationDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnDestroyActivationDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyActivationDescriptor__cu126(
     activationDesc: *mut c_void,
@@ -2487,7 +2487,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyAttnDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnDestroyAttnDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnDestroyAttnDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyAttnDescriptor__cu126(
     attnDesc: *mut c_void,
@@ -2511,7 +2511,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyCTCLossDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnDestroyCTCLossDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnDestroyCTCLossDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyCTCLossDescriptor__cu126(
     ctcLossDesc: *mut c_void,
@@ -2535,7 +2535,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyConvolutionDescriptor__cu11
         ) as u32
     }
 }
-///`cudnnDestroyConvolutionDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnDestroyConvolutionDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyConvolutionDescriptor__cu126(
     convDesc: *mut c_void,
@@ -2559,7 +2559,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyDropoutDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnDestroyDropoutDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnDestroyDropoutDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyDropoutDescriptor__cu126(
     dropoutDesc: *mut c_void,
@@ -2583,7 +2583,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyFilterDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnDestroyFilterDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnDestroyFilterDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyFilterDescriptor__cu126(
     filterDesc: *mut c_void,
@@ -2607,7 +2607,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyFusedOpsConstParamPack__cu1
         ) as u32
     }
 }
-///`cudnnDestroyFusedOpsConstParamPack` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnDestroyFusedOpsConstParamPack` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyFusedOpsConstParamPack__cu126(
     constPack: *mut c_void,
@@ -2631,7 +2631,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyFusedOpsPlan__cu118(
         ) as u32
     }
 }
-///`cudnnDestroyFusedOpsPlan` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnDestroyFusedOpsPlan` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyFusedOpsPlan__cu126(
     plan: *mut c_void,
@@ -2655,7 +2655,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyFusedOpsVariantParamPack__c
         ) as u32
     }
 }
-///`cudnnDestroyFusedOpsVariantParamPack` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnDestroyFusedOpsVariantParamPack` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyFusedOpsVariantParamPack__cu126(
     varPack: *mut c_void,
@@ -2679,7 +2679,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyLRNDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnDestroyLRNDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnDestroyLRNDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyLRNDescriptor__cu126(
     lrnDesc: *mut c_void,
@@ -2703,7 +2703,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyOpTensorDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnDestroyOpTensorDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnDestroyOpTensorDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyOpTensorDescriptor__cu126(
     opTensorDesc: *mut c_void,
@@ -2739,7 +2739,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyPoolingDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnDestroyPoolingDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnDestroyPoolingDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyPoolingDescriptor__cu126(
     poolingDesc: *mut c_void,
@@ -2763,7 +2763,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyRNNDataDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnDestroyRNNDataDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnDestroyRNNDataDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyRNNDataDescriptor__cu126(
     rnnDataDesc: *mut c_void,
@@ -2787,7 +2787,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyRNNDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnDestroyRNNDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnDestroyRNNDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyRNNDescriptor__cu126(
     rnnDesc: *mut c_void,
@@ -2811,7 +2811,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyReduceTensorDescriptor__cu1
         ) as u32
     }
 }
-///`cudnnDestroyReduceTensorDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnDestroyReduceTensorDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyReduceTensorDescriptor__cu126(
     reduceTensorDesc: *mut c_void,
@@ -2835,7 +2835,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroySeqDataDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnDestroySeqDataDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnDestroySeqDataDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroySeqDataDescriptor__cu126(
     seqDataDesc: *mut c_void,
@@ -2859,7 +2859,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroySpatialTransformerDescripto
         ) as u32
     }
 }
-///`cudnnDestroySpatialTransformerDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnDestroySpatialTransformerDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroySpatialTransformerDescriptor__cu126(
     stDesc: *mut c_void,
@@ -2883,7 +2883,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyTensorDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnDestroyTensorDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnDestroyTensorDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyTensorDescriptor__cu126(
     tensorDesc: *mut c_void,
@@ -2907,7 +2907,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyTensorTransformDescriptor__
         ) as u32
     }
 }
-///`cudnnDestroyTensorTransformDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnDestroyTensorTransformDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroyTensorTransformDescriptor__cu126(
     transformDesc: *mut c_void,
@@ -2959,7 +2959,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDivisiveNormalizationBackward__cu1
         ) as u32
     }
 }
-///`cudnnDivisiveNormalizationBackward` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnDivisiveNormalizationBackward` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDivisiveNormalizationBackward__cu126(
     handle: *mut c_void,
@@ -3035,7 +3035,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDivisiveNormalizationForward__cu11
         ) as u32
     }
 }
-///`cudnnDivisiveNormalizationForward` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnDivisiveNormalizationForward` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDivisiveNormalizationForward__cu126(
     handle: *mut c_void,
@@ -3099,7 +3099,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDropoutBackward__cu118(
         ) as u32
     }
 }
-///`cudnnDropoutBackward` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnDropoutBackward` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDropoutBackward__cu126(
     handle: *mut c_void,
@@ -3155,7 +3155,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDropoutForward__cu118(
         ) as u32
     }
 }
-///`cudnnDropoutForward` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnDropoutForward` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDropoutForward__cu126(
     handle: *mut c_void,
@@ -3196,7 +3196,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDropoutGetReserveSpaceSize__cu118(
         ) as u32
     }
 }
-///`cudnnDropoutGetReserveSpaceSize` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnDropoutGetReserveSpaceSize` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDropoutGetReserveSpaceSize__cu126(
     xdesc: *mut c_void,
@@ -3222,7 +3222,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDropoutGetStatesSize__cu118(
         ) as u32
     }
 }
-///`cudnnDropoutGetStatesSize` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnDropoutGetStatesSize` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDropoutGetStatesSize__cu126(
     handle: *mut c_void,
@@ -3263,7 +3263,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnFindConvolutionBackwardDataAlgorit
         ) as u32
     }
 }
-///`cudnnFindConvolutionBackwardDataAlgorithm` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnFindConvolutionBackwardDataAlgorithm` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnFindConvolutionBackwardDataAlgorithm__cu126(
     handle: *mut c_void,
@@ -3329,7 +3329,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnFindConvolutionBackwardDataAlgorit
         ) as u32
     }
 }
-///`cudnnFindConvolutionBackwardDataAlgorithmEx` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnFindConvolutionBackwardDataAlgorithmEx` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnFindConvolutionBackwardDataAlgorithmEx__cu126(
     handle: *mut c_void,
@@ -3395,7 +3395,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnFindConvolutionBackwardFilterAlgor
         ) as u32
     }
 }
-///`cudnnFindConvolutionBackwardFilterAlgorithm` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnFindConvolutionBackwardFilterAlgorithm` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnFindConvolutionBackwardFilterAlgorithm__cu126(
     handle: *mut c_void,
@@ -3461,7 +3461,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnFindConvolutionBackwardFilterAlgor
         ) as u32
     }
 }
-///`cudnnFindConvolutionBackwardFilterAlgorithmEx` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnFindConvolutionBackwardFilterAlgorithmEx` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnFindConvolutionBackwardFilterAlgorithmEx__cu126(
     handle: *mut c_void,
@@ -3527,7 +3527,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnFindConvolutionForwardAlgorithm__c
         ) as u32
     }
 }
-///`cudnnFindConvolutionForwardAlgorithm` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnFindConvolutionForwardAlgorithm` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnFindConvolutionForwardAlgorithm__cu126(
     handle: *mut c_void,
@@ -3593,7 +3593,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnFindConvolutionForwardAlgorithmEx_
         ) as u32
     }
 }
-///`cudnnFindConvolutionForwardAlgorithmEx` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnFindConvolutionForwardAlgorithmEx` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnFindConvolutionForwardAlgorithmEx__cu126(
     handle: *mut c_void,
@@ -3893,7 +3893,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnFusedOpsExecute__cu118(
         ) as u32
     }
 }
-///`cudnnFusedOpsExecute` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnFusedOpsExecute` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnFusedOpsExecute__cu126(
     handle: *mut c_void,
@@ -3931,7 +3931,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetActivationDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnGetActivationDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnGetActivationDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetActivationDescriptor__cu126(
     activationDesc: *mut c_void,
@@ -3964,7 +3964,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetActivationDescriptorSwishBeta__
         ) as u32
     }
 }
-///`cudnnGetActivationDescriptorSwishBeta` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnGetActivationDescriptorSwishBeta` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetActivationDescriptorSwishBeta__cu126(
     activationDesc: *mut c_void,
@@ -4082,7 +4082,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetAttnDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnGetAttnDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnGetAttnDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetAttnDescriptor__cu126(
     attnDesc: *mut c_void,
@@ -4168,7 +4168,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetBatchNormalizationBackwardExWor
         ) as u32
     }
 }
-///`cudnnGetBatchNormalizationBackwardExWorkspaceSize` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnGetBatchNormalizationBackwardExWorkspaceSize` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetBatchNormalizationBackwardExWorkspaceSize__cu126(
     handle: *mut c_void,
@@ -4232,7 +4232,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetBatchNormalizationForwardTraini
         ) as u32
     }
 }
-///`cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize__cu126(
     handle: *mut c_void,
@@ -4286,7 +4286,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetBatchNormalizationTrainingExRes
         ) as u32
     }
 }
-///`cudnnGetBatchNormalizationTrainingExReserveSpaceSize` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnGetBatchNormalizationTrainingExReserveSpaceSize` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetBatchNormalizationTrainingExReserveSpaceSize__cu126(
     handle: *mut c_void,
@@ -4323,7 +4323,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetCTCLossDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnGetCTCLossDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnGetCTCLossDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetCTCLossDescriptor__cu126(
     ctcLossDesc: *mut c_void,
@@ -4356,7 +4356,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetCTCLossDescriptorEx__cu118(
         ) as u32
     }
 }
-///`cudnnGetCTCLossDescriptorEx` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnGetCTCLossDescriptorEx` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetCTCLossDescriptorEx__cu126(
     ctcLossDesc: *mut c_void,
@@ -4398,7 +4398,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetCTCLossDescriptor_v8__cu118(
         ) as u32
     }
 }
-///`cudnnGetCTCLossDescriptor_v8` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnGetCTCLossDescriptor_v8` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetCTCLossDescriptor_v8__cu126(
     ctcLossDesc: *mut c_void,
@@ -4420,7 +4420,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetCTCLossDescriptor_v8__cu126(
         ) as u32
     }
 }
-///`cudnnGetCTCLossDescriptor_v9` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnGetCTCLossDescriptor_v9` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetCTCLossDescriptor_v9(
     ctcLossDesc: *mut c_void,
@@ -4489,7 +4489,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetCTCLossWorkspaceSize__cu118(
         }) as u32
     }
 }
-///`cudnnGetCTCLossWorkspaceSize` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudnnGetCTCLossWorkspaceSize` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetCTCLossWorkspaceSize__cu126(
     handle: *mut c_void,
@@ -4506,7 +4506,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetCTCLossWorkspaceSize__cu126(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cudnnGetCTCLossWorkspaceSize",
-                version: "13.1",
+                version: "13.5",
                 library: "cudnn",
                 forms: &[
                     &chidori_cuda::calls::cudnn::cudnnGetCTCLossWorkspaceSize__cu126__call,
@@ -4560,7 +4560,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetCTCLossWorkspaceSize_v8__cu118(
         ) as u32
     }
 }
-///`cudnnGetCTCLossWorkspaceSize_v8` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnGetCTCLossWorkspaceSize_v8` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetCTCLossWorkspaceSize_v8__cu126(
     handle: *mut c_void,
@@ -4614,7 +4614,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetConvolution2dDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnGetConvolution2dDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnGetConvolution2dDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetConvolution2dDescriptor__cu126(
     convDesc: *mut c_void,
@@ -4670,7 +4670,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetConvolution2dForwardOutputDim__
         ) as u32
     }
 }
-///`cudnnGetConvolution2dForwardOutputDim` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnGetConvolution2dForwardOutputDim` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetConvolution2dForwardOutputDim__cu126(
     convDesc: *mut c_void,
@@ -4709,7 +4709,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetConvolutionBackwardDataAlgorith
         ) as u32
     }
 }
-///`cudnnGetConvolutionBackwardDataAlgorithmMaxCount` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnGetConvolutionBackwardDataAlgorithmMaxCount` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetConvolutionBackwardDataAlgorithmMaxCount__cu126(
     handle: *mut c_void,
@@ -4750,7 +4750,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetConvolutionBackwardDataAlgorith
         ) as u32
     }
 }
-///`cudnnGetConvolutionBackwardDataAlgorithm_v7` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnGetConvolutionBackwardDataAlgorithm_v7` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetConvolutionBackwardDataAlgorithm_v7__cu126(
     handle: *mut c_void,
@@ -4804,7 +4804,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetConvolutionBackwardDataWorkspac
         ) as u32
     }
 }
-///`cudnnGetConvolutionBackwardDataWorkspaceSize` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnGetConvolutionBackwardDataWorkspaceSize` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetConvolutionBackwardDataWorkspaceSize__cu126(
     handle: *mut c_void,
@@ -4843,7 +4843,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetConvolutionBackwardFilterAlgori
         ) as u32
     }
 }
-///`cudnnGetConvolutionBackwardFilterAlgorithmMaxCount` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnGetConvolutionBackwardFilterAlgorithmMaxCount` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetConvolutionBackwardFilterAlgorithmMaxCount__cu126(
     handle: *mut c_void,
@@ -4884,7 +4884,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetConvolutionBackwardFilterAlgori
         ) as u32
     }
 }
-///`cudnnGetConvolutionBackwardFilterAlgorithm_v7` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnGetConvolutionBackwardFilterAlgorithm_v7` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu126(
     handle: *mut c_void,
@@ -4938,7 +4938,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetConvolutionBackwardFilterWorksp
         ) as u32
     }
 }
-///`cudnnGetConvolutionBackwardFilterWorkspaceSize` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnGetConvolutionBackwardFilterWorkspaceSize` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetConvolutionBackwardFilterWorkspaceSize__cu126(
     handle: *mut c_void,
@@ -4977,7 +4977,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetConvolutionForwardAlgorithmMaxC
         ) as u32
     }
 }
-///`cudnnGetConvolutionForwardAlgorithmMaxCount` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnGetConvolutionForwardAlgorithmMaxCount` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetConvolutionForwardAlgorithmMaxCount__cu126(
     handle: *mut c_void,
@@ -5018,7 +5018,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetConvolutionForwardAlgorithm_v7_
         ) as u32
     }
 }
-///`cudnnGetConvolutionForwardAlgorithm_v7` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnGetConvolutionForwardAlgorithm_v7` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetConvolutionForwardAlgorithm_v7__cu126(
     handle: *mut c_void,
@@ -5072,7 +5072,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetConvolutionForwardWorkspaceSize
         ) as u32
     }
 }
-///`cudnnGetConvolutionForwardWorkspaceSize` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnGetConvolutionForwardWorkspaceSize` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetConvolutionForwardWorkspaceSize__cu126(
     handle: *mut c_void,
@@ -5111,7 +5111,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetConvolutionGroupCount__cu118(
         ) as u32
     }
 }
-///`cudnnGetConvolutionGroupCount` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnGetConvolutionGroupCount` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetConvolutionGroupCount__cu126(
     convDesc: *mut c_void,
@@ -5137,7 +5137,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetConvolutionMathType__cu118(
         ) as u32
     }
 }
-///`cudnnGetConvolutionMathType` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnGetConvolutionMathType` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetConvolutionMathType__cu126(
     convDesc: *mut c_void,
@@ -5178,7 +5178,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetConvolutionNdDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnGetConvolutionNdDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnGetConvolutionNdDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetConvolutionNdDescriptor__cu126(
     convDesc: *mut c_void,
@@ -5228,7 +5228,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetConvolutionNdForwardOutputDim__
         ) as u32
     }
 }
-///`cudnnGetConvolutionNdForwardOutputDim` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnGetConvolutionNdForwardOutputDim` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetConvolutionNdForwardOutputDim__cu126(
     convDesc: *mut c_void,
@@ -5263,7 +5263,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetConvolutionReorderType__cu118(
         ) as u32
     }
 }
-///`cudnnGetConvolutionReorderType` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnGetConvolutionReorderType` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetConvolutionReorderType__cu126(
     convDesc: *mut c_void,
@@ -5286,7 +5286,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetCudartVersion__cu118() -> usize
         ) as usize
     }
 }
-///`cudnnGetCudartVersion` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnGetCudartVersion` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetCudartVersion__cu126() -> usize {
     unsafe {
@@ -5318,7 +5318,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetDropoutDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnGetDropoutDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnGetDropoutDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetDropoutDescriptor__cu126(
     dropoutDesc: *mut c_void,
@@ -5354,18 +5354,38 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetErrorString__cu118(
         ) as *mut c_void
     }
 }
-///`cudnnGetErrorString` for CUDA 12.6, 12.8, 13.0, 13.1 (local, generated).
+///`cudnnGetErrorString` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (local, generated).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetErrorString__cu126(
     status: u32,
 ) -> *mut c_void {
     unsafe {
         crate::runtime::error_string(
-            "13.1",
+            "13.5",
             "cudnn",
             "cudnnGetErrorString",
             status as i64,
         ) as *mut c_void
+    }
+}
+///`cudnnGetExecutionPlanWorkspaceSize` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnGetExecutionPlanWorkspaceSize(
+    handle: *mut c_void,
+    executionPlan: *mut c_void,
+    variantPack: *mut c_void,
+    workspaceSizeInBytes: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnGetExecutionPlanWorkspaceSize,
+            &[
+                (handle) as usize as u64,
+                (executionPlan) as usize as u64,
+                (variantPack) as usize as u64,
+                (workspaceSizeInBytes) as usize as u64,
+            ],
+        ) as u32
     }
 }
 ///`cudnnGetFilter4dDescriptor` for CUDA 11.8, 12.1 (sync).
@@ -5394,7 +5414,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetFilter4dDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnGetFilter4dDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnGetFilter4dDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetFilter4dDescriptor__cu126(
     filterDesc: *mut c_void,
@@ -5444,7 +5464,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetFilterNdDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnGetFilterNdDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnGetFilterNdDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetFilterNdDescriptor__cu126(
     filterDesc: *mut c_void,
@@ -5481,7 +5501,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetFilterSizeInBytes__cu118(
         ) as u32
     }
 }
-///`cudnnGetFilterSizeInBytes` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnGetFilterSizeInBytes` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetFilterSizeInBytes__cu126(
     filterDesc: *mut c_void,
@@ -5534,7 +5554,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetFoldedConvBackwardDataDescripto
         ) as u32
     }
 }
-///`cudnnGetFoldedConvBackwardDataDescriptors` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnGetFoldedConvBackwardDataDescriptors` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetFoldedConvBackwardDataDescriptors__cu126(
     handle: *mut c_void,
@@ -5596,7 +5616,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetLRNDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnGetLRNDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnGetLRNDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetLRNDescriptor__cu126(
     normDesc: *mut c_void,
@@ -5618,7 +5638,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetLRNDescriptor__cu126(
         ) as u32
     }
 }
-///`cudnnGetLastErrorString` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnGetLastErrorString` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetLastErrorString(
     message: *mut c_void,
@@ -5643,7 +5663,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetMaxDeviceVersion__cu118() -> us
         ) as usize
     }
 }
-///`cudnnGetMaxDeviceVersion` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnGetMaxDeviceVersion` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetMaxDeviceVersion__cu126() -> usize {
     unsafe {
@@ -5675,7 +5695,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetMultiHeadAttnBuffers__cu118(
         ) as u32
     }
 }
-///`cudnnGetMultiHeadAttnBuffers` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnGetMultiHeadAttnBuffers` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetMultiHeadAttnBuffers__cu126(
     handle: *mut c_void,
@@ -5723,7 +5743,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetMultiHeadAttnWeights__cu118(
         ) as u32
     }
 }
-///`cudnnGetMultiHeadAttnWeights` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnGetMultiHeadAttnWeights` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetMultiHeadAttnWeights__cu126(
     handle: *mut c_void,
@@ -5789,7 +5809,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetNormalizationBackwardWorkspaceS
         ) as u32
     }
 }
-///`cudnnGetNormalizationBackwardWorkspaceSize` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnGetNormalizationBackwardWorkspaceSize` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetNormalizationBackwardWorkspaceSize__cu126(
     handle: *mut c_void,
@@ -5865,7 +5885,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetNormalizationForwardTrainingWor
         ) as u32
     }
 }
-///`cudnnGetNormalizationForwardTrainingWorkspaceSize` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnGetNormalizationForwardTrainingWorkspaceSize` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetNormalizationForwardTrainingWorkspaceSize__cu126(
     handle: *mut c_void,
@@ -5929,7 +5949,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetNormalizationTrainingReserveSpa
         ) as u32
     }
 }
-///`cudnnGetNormalizationTrainingReserveSpaceSize` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnGetNormalizationTrainingReserveSpaceSize` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetNormalizationTrainingReserveSpaceSize__cu126(
     handle: *mut c_void,
@@ -5977,7 +5997,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetOpTensorDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnGetOpTensorDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnGetOpTensorDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetOpTensorDescriptor__cu126(
     opTensorDesc: *mut c_void,
@@ -6027,7 +6047,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetPooling2dDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnGetPooling2dDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnGetPooling2dDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetPooling2dDescriptor__cu126(
     poolingDesc: *mut c_void,
@@ -6081,7 +6101,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetPooling2dForwardOutputDim__cu11
         ) as u32
     }
 }
-///`cudnnGetPooling2dForwardOutputDim` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnGetPooling2dForwardOutputDim` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetPooling2dForwardOutputDim__cu126(
     poolingDesc: *mut c_void,
@@ -6133,7 +6153,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetPoolingNdDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnGetPoolingNdDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnGetPoolingNdDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetPoolingNdDescriptor__cu126(
     poolingDesc: *mut c_void,
@@ -6181,7 +6201,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetPoolingNdForwardOutputDim__cu11
         ) as u32
     }
 }
-///`cudnnGetPoolingNdForwardOutputDim` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnGetPoolingNdForwardOutputDim` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetPoolingNdForwardOutputDim__cu126(
     poolingDesc: *mut c_void,
@@ -6214,7 +6234,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetProperty__cu118(
         ) as u32
     }
 }
-///`cudnnGetProperty` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnGetProperty` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetProperty__cu126(
     r#type: u32,
@@ -6350,7 +6370,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetRNNDescriptor_v8__cu118(
         ) as u32
     }
 }
-///`cudnnGetRNNDescriptor_v8` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnGetRNNDescriptor_v8` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetRNNDescriptor_v8__cu126(
     rnnDesc: *mut c_void,
@@ -6580,7 +6600,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetRNNTempSpaceSizes__cu118(
         ) as u32
     }
 }
-///`cudnnGetRNNTempSpaceSizes` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnGetRNNTempSpaceSizes` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetRNNTempSpaceSizes__cu126(
     handle: *mut c_void,
@@ -6669,7 +6689,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetRNNWeightParams__cu118(
         )
     }
 }
-///`cudnnGetRNNWeightParams` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudnnGetRNNWeightParams` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetRNNWeightParams__cu126(
     handle: *mut c_void,
@@ -6686,7 +6706,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetRNNWeightParams__cu126(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudnnGetRNNWeightParams",
-            version: "13.1",
+            version: "13.5",
             library: "cudnn",
             forms: &[&chidori_cuda::calls::cudnn::cudnnGetRNNWeightParams__cu126__call],
             codes: chidori_cuda::desc::Codes {
@@ -6730,7 +6750,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetRNNWeightSpaceSize__cu118(
         ) as u32
     }
 }
-///`cudnnGetRNNWeightSpaceSize` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnGetRNNWeightSpaceSize` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetRNNWeightSpaceSize__cu126(
     handle: *mut c_void,
@@ -6794,7 +6814,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetReduceTensorDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnGetReduceTensorDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnGetReduceTensorDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetReduceTensorDescriptor__cu126(
     reduceTensorDesc: *mut c_void,
@@ -6840,7 +6860,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetReductionIndicesSize__cu118(
         ) as u32
     }
 }
-///`cudnnGetReductionIndicesSize` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnGetReductionIndicesSize` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetReductionIndicesSize__cu126(
     handle: *mut c_void,
@@ -6884,7 +6904,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetReductionWorkspaceSize__cu118(
         ) as u32
     }
 }
-///`cudnnGetReductionWorkspaceSize` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnGetReductionWorkspaceSize` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetReductionWorkspaceSize__cu126(
     handle: *mut c_void,
@@ -6929,7 +6949,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetStream__cu118(
         crate::custom::cudnn::get_stream(&CTX, handle, streamId)
     }
 }
-///`cudnnGetStream` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudnnGetStream` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetStream__cu126(
     handle: *mut c_void,
@@ -6938,7 +6958,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetStream__cu126(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudnnGetStream",
-            version: "13.1",
+            version: "13.5",
             library: "cudnn",
             forms: &[&chidori_cuda::calls::cudnn::cudnnGetStream__cu126__call],
             codes: chidori_cuda::desc::Codes {
@@ -6984,7 +7004,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetTensor4dDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnGetTensor4dDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnGetTensor4dDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetTensor4dDescriptor__cu126(
     tensorDesc: *mut c_void,
@@ -7053,7 +7073,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetTensorNdDescriptor__cu118(
         )
     }
 }
-///`cudnnGetTensorNdDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudnnGetTensorNdDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetTensorNdDescriptor__cu126(
     tensorDesc: *mut c_void,
@@ -7066,7 +7086,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetTensorNdDescriptor__cu126(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudnnGetTensorNdDescriptor",
-            version: "13.1",
+            version: "13.5",
             library: "cudnn",
             forms: &[
                 &chidori_cuda::calls::cudnn::cudnnGetTensorNdDescriptor__cu126__call,
@@ -7103,7 +7123,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetTensorSizeInBytes__cu118(
         ) as u32
     }
 }
-///`cudnnGetTensorSizeInBytes` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnGetTensorSizeInBytes` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetTensorSizeInBytes__cu126(
     tensorDesc: *mut c_void,
@@ -7142,7 +7162,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetTensorTransformDescriptor__cu11
         ) as u32
     }
 }
-///`cudnnGetTensorTransformDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnGetTensorTransformDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetTensorTransformDescriptor__cu126(
     transformDesc: *mut c_void,
@@ -7176,7 +7196,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetVersion__cu118() -> usize {
             as usize
     }
 }
-///`cudnnGetVersion` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnGetVersion` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetVersion__cu126() -> usize {
     unsafe {
@@ -7184,7 +7204,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetVersion__cu126() -> usize {
             as usize
     }
 }
-///`cudnnGraphVersionCheck` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnGraphVersionCheck` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGraphVersionCheck() -> u32 {
     unsafe {
@@ -7216,7 +7236,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnIm2Col__cu118(
         ) as u32
     }
 }
-///`cudnnIm2Col` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnIm2Col` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnIm2Col__cu126(
     handle: *mut c_void,
@@ -7260,7 +7280,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnInitTransformDest__cu118(
         ) as u32
     }
 }
-///`cudnnInitTransformDest` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnInitTransformDest` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnInitTransformDest__cu126(
     transformDesc: *mut c_void,
@@ -7318,7 +7338,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnLRNCrossChannelBackward__cu118(
         ) as u32
     }
 }
-///`cudnnLRNCrossChannelBackward` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnLRNCrossChannelBackward` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnLRNCrossChannelBackward__cu126(
     handle: *mut c_void,
@@ -7386,7 +7406,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnLRNCrossChannelForward__cu118(
         ) as u32
     }
 }
-///`cudnnLRNCrossChannelForward` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnLRNCrossChannelForward` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnLRNCrossChannelForward__cu126(
     handle: *mut c_void,
@@ -7436,7 +7456,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnMakeFusedOpsPlan__cu118(
         ) as u32
     }
 }
-///`cudnnMakeFusedOpsPlan` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnMakeFusedOpsPlan` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnMakeFusedOpsPlan__cu126(
     handle: *mut c_void,
@@ -7504,7 +7524,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnMultiHeadAttnBackwardWeights__cu11
         ) as u32
     }
 }
-///`cudnnMultiHeadAttnBackwardWeights` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnMultiHeadAttnBackwardWeights` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnMultiHeadAttnBackwardWeights__cu126(
     handle: *mut c_void,
@@ -7630,7 +7650,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnNormalizationBackward__cu118(
         ) as u32
     }
 }
-///`cudnnNormalizationBackward` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnNormalizationBackward` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnNormalizationBackward__cu126(
     handle: *mut c_void,
@@ -7762,7 +7782,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnNormalizationForwardInference__cu1
         ) as u32
     }
 }
-///`cudnnNormalizationForwardInference` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnNormalizationForwardInference` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnNormalizationForwardInference__cu126(
     handle: *mut c_void,
@@ -7884,7 +7904,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnNormalizationForwardTraining__cu11
         ) as u32
     }
 }
-///`cudnnNormalizationForwardTraining` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnNormalizationForwardTraining` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnNormalizationForwardTraining__cu126(
     handle: *mut c_void,
@@ -7986,7 +8006,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnOpTensor__cu118(
         ) as u32
     }
 }
-///`cudnnOpTensor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnOpTensor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnOpTensor__cu126(
     handle: *mut c_void,
@@ -8036,7 +8056,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnOpsTrainVersionCheck() -> u32 {
             as u32
     }
 }
-///`cudnnOpsVersionCheck` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnOpsVersionCheck` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnOpsVersionCheck() -> u32 {
     unsafe {
@@ -8080,7 +8100,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnPoolingBackward__cu118(
         ) as u32
     }
 }
-///`cudnnPoolingBackward` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnPoolingBackward` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnPoolingBackward__cu126(
     handle: *mut c_void,
@@ -8144,7 +8164,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnPoolingForward__cu118(
         ) as u32
     }
 }
-///`cudnnPoolingForward` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnPoolingForward` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnPoolingForward__cu126(
     handle: *mut c_void,
@@ -8192,7 +8212,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnQueryRuntimeError__cu118(
         ) as u32
     }
 }
-///`cudnnQueryRuntimeError` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnQueryRuntimeError` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnQueryRuntimeError__cu126(
     handle: *mut c_void,
@@ -8406,7 +8426,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnRNNBackwardData_v8__cu118(
         ) as u32
     }
 }
-///`cudnnRNNBackwardData_v8` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnRNNBackwardData_v8` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnRNNBackwardData_v8__cu126(
     handle: *mut c_void,
@@ -8588,7 +8608,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnRNNBackwardWeights_v8__cu118(
         ) as u32
     }
 }
-///`cudnnRNNBackwardWeights_v8` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnRNNBackwardWeights_v8` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnRNNBackwardWeights_v8__cu126(
     handle: *mut c_void,
@@ -8684,7 +8704,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnRNNForward__cu118(
         ) as u32
     }
 }
-///`cudnnRNNForward` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnRNNForward` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnRNNForward__cu126(
     handle: *mut c_void,
@@ -9018,7 +9038,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnRNNGetClip_v8__cu118(
         ) as u32
     }
 }
-///`cudnnRNNGetClip_v8` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnRNNGetClip_v8` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnRNNGetClip_v8__cu126(
     rnnDesc: *mut c_void,
@@ -9040,7 +9060,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnRNNGetClip_v8__cu126(
         ) as u32
     }
 }
-///`cudnnRNNGetClip_v9` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnRNNGetClip_v9` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnRNNGetClip_v9(
     rnnDesc: *mut c_void,
@@ -9106,7 +9126,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnRNNSetClip_v8__cu118(
         ) as u32
     }
 }
-///`cudnnRNNSetClip_v8` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnRNNSetClip_v8` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnRNNSetClip_v8__cu126(
     rnnDesc: *mut c_void,
@@ -9128,7 +9148,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnRNNSetClip_v8__cu126(
         ) as u32
     }
 }
-///`cudnnRNNSetClip_v9` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnRNNSetClip_v9` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnRNNSetClip_v9(
     rnnDesc: *mut c_void,
@@ -9184,7 +9204,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnReduceTensor__cu118(
         ) as u32
     }
 }
-///`cudnnReduceTensor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnReduceTensor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnReduceTensor__cu126(
     handle: *mut c_void,
@@ -9248,7 +9268,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnReorderFilterAndBias__cu118(
         ) as u32
     }
 }
-///`cudnnReorderFilterAndBias` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnReorderFilterAndBias` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnReorderFilterAndBias__cu126(
     handle: *mut c_void,
@@ -9320,7 +9340,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnRestoreDropoutDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnRestoreDropoutDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnRestoreDropoutDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnRestoreDropoutDescriptor__cu126(
     dropoutDesc: *mut c_void,
@@ -9384,7 +9404,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnScaleTensor__cu118(
         ) as u32
     }
 }
-///`cudnnScaleTensor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnScaleTensor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnScaleTensor__cu126(
     handle: *mut c_void,
@@ -9424,7 +9444,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetActivationDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnSetActivationDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnSetActivationDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetActivationDescriptor__cu126(
     activationDesc: *mut c_void,
@@ -9457,7 +9477,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetActivationDescriptorSwishBeta__
         ) as u32
     }
 }
-///`cudnnSetActivationDescriptorSwishBeta` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnSetActivationDescriptorSwishBeta` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetActivationDescriptorSwishBeta__cu126(
     activationDesc: *mut c_void,
@@ -9557,7 +9577,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetAttnDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnSetAttnDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnSetAttnDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetAttnDescriptor__cu126(
     attnDesc: *mut c_void,
@@ -9622,7 +9642,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetCTCLossDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnSetCTCLossDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnSetCTCLossDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetCTCLossDescriptor__cu126(
     ctcLossDesc: *mut c_void,
@@ -9655,7 +9675,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetCTCLossDescriptorEx__cu118(
         ) as u32
     }
 }
-///`cudnnSetCTCLossDescriptorEx` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnSetCTCLossDescriptorEx` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetCTCLossDescriptorEx__cu126(
     ctcLossDesc: *mut c_void,
@@ -9697,7 +9717,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetCTCLossDescriptor_v8__cu118(
         ) as u32
     }
 }
-///`cudnnSetCTCLossDescriptor_v8` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnSetCTCLossDescriptor_v8` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetCTCLossDescriptor_v8__cu126(
     ctcLossDesc: *mut c_void,
@@ -9719,7 +9739,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetCTCLossDescriptor_v8__cu126(
         ) as u32
     }
 }
-///`cudnnSetCTCLossDescriptor_v9` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnSetCTCLossDescriptor_v9` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetCTCLossDescriptor_v9(
     ctcLossDesc: *mut c_void,
@@ -9771,7 +9791,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetConvolution2dDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnSetConvolution2dDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnSetConvolution2dDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetConvolution2dDescriptor__cu126(
     convDesc: *mut c_void,
@@ -9814,7 +9834,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetConvolutionGroupCount__cu118(
         ) as u32
     }
 }
-///`cudnnSetConvolutionGroupCount` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnSetConvolutionGroupCount` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetConvolutionGroupCount__cu126(
     convDesc: *mut c_void,
@@ -9840,7 +9860,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetConvolutionMathType__cu118(
         ) as u32
     }
 }
-///`cudnnSetConvolutionMathType` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnSetConvolutionMathType` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetConvolutionMathType__cu126(
     convDesc: *mut c_void,
@@ -9879,7 +9899,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetConvolutionNdDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnSetConvolutionNdDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnSetConvolutionNdDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetConvolutionNdDescriptor__cu126(
     convDesc: *mut c_void,
@@ -9918,7 +9938,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetConvolutionReorderType__cu118(
         ) as u32
     }
 }
-///`cudnnSetConvolutionReorderType` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnSetConvolutionReorderType` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetConvolutionReorderType__cu126(
     convDesc: *mut c_void,
@@ -9955,7 +9975,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetDropoutDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnSetDropoutDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnSetDropoutDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetDropoutDescriptor__cu126(
     dropoutDesc: *mut c_void,
@@ -10005,7 +10025,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetFilter4dDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnSetFilter4dDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnSetFilter4dDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetFilter4dDescriptor__cu126(
     filterDesc: *mut c_void,
@@ -10053,7 +10073,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetFilterNdDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnSetFilterNdDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnSetFilterNdDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetFilterNdDescriptor__cu126(
     filterDesc: *mut c_void,
@@ -10097,7 +10117,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetLRNDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnSetLRNDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnSetLRNDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetLRNDescriptor__cu126(
     normDesc: *mut c_void,
@@ -10139,7 +10159,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetOpTensorDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnSetOpTensorDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnSetOpTensorDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetOpTensorDescriptor__cu126(
     opTensorDesc: *mut c_void,
@@ -10202,7 +10222,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetPooling2dDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnSetPooling2dDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnSetPooling2dDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetPooling2dDescriptor__cu126(
     poolingDesc: *mut c_void,
@@ -10258,7 +10278,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetPoolingNdDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnSetPoolingNdDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnSetPoolingNdDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetPoolingNdDescriptor__cu126(
     poolingDesc: *mut c_void,
@@ -10343,7 +10363,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetRNNDataDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnSetRNNDataDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnSetRNNDataDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetRNNDataDescriptor__cu126(
     rnnDataDesc: *mut c_void,
@@ -10445,7 +10465,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetRNNDescriptor_v8__cu118(
         ) as u32
     }
 }
-///`cudnnSetRNNDescriptor_v8` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnSetRNNDescriptor_v8` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetRNNDescriptor_v8__cu126(
     rnnDesc: *mut c_void,
@@ -10557,7 +10577,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetReduceTensorDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnSetReduceTensorDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnSetReduceTensorDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetReduceTensorDescriptor__cu126(
     reduceTensorDesc: *mut c_void,
@@ -10609,7 +10629,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetSeqDataDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnSetSeqDataDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnSetSeqDataDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetSeqDataDescriptor__cu126(
     seqDataDesc: *mut c_void,
@@ -10659,7 +10679,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetSpatialTransformerNdDescriptor_
         ) as u32
     }
 }
-///`cudnnSetSpatialTransformerNdDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnSetSpatialTransformerNdDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetSpatialTransformerNdDescriptor__cu126(
     stDesc: *mut c_void,
@@ -10704,7 +10724,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetStream__cu118(
         crate::custom::cudnn::set_stream(&CTX, handle, streamId)
     }
 }
-///`cudnnSetStream` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+///`cudnnSetStream` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetStream__cu126(
     handle: *mut c_void,
@@ -10713,7 +10733,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetStream__cu126(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cudnnSetStream",
-            version: "13.1",
+            version: "13.5",
             library: "cudnn",
             forms: &[&chidori_cuda::calls::cudnn::cudnnSetStream__cu126__call],
             codes: chidori_cuda::desc::Codes {
@@ -10747,7 +10767,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetTensor__cu118(
         ) as u32
     }
 }
-///`cudnnSetTensor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnSetTensor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetTensor__cu126(
     handle: *mut c_void,
@@ -10793,7 +10813,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetTensor4dDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnSetTensor4dDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnSetTensor4dDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetTensor4dDescriptor__cu126(
     tensorDesc: *mut c_void,
@@ -10851,7 +10871,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetTensor4dDescriptorEx__cu118(
         ) as u32
     }
 }
-///`cudnnSetTensor4dDescriptorEx` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnSetTensor4dDescriptorEx` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetTensor4dDescriptorEx__cu126(
     tensorDesc: *mut c_void,
@@ -10905,7 +10925,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetTensorNdDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnSetTensorNdDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnSetTensorNdDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetTensorNdDescriptor__cu126(
     tensorDesc: *mut c_void,
@@ -10949,7 +10969,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetTensorNdDescriptorEx__cu118(
         ) as u32
     }
 }
-///`cudnnSetTensorNdDescriptorEx` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnSetTensorNdDescriptorEx` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetTensorNdDescriptorEx__cu126(
     tensorDesc: *mut c_void,
@@ -10997,7 +11017,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetTensorTransformDescriptor__cu11
         ) as u32
     }
 }
-///`cudnnSetTensorTransformDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnSetTensorTransformDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetTensorTransformDescriptor__cu126(
     transformDesc: *mut c_void,
@@ -11057,7 +11077,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSoftmaxBackward__cu118(
         ) as u32
     }
 }
-///`cudnnSoftmaxBackward` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnSoftmaxBackward` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSoftmaxBackward__cu126(
     handle: *mut c_void,
@@ -11121,7 +11141,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSoftmaxForward__cu118(
         ) as u32
     }
 }
-///`cudnnSoftmaxForward` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnSoftmaxForward` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSoftmaxForward__cu126(
     handle: *mut c_void,
@@ -11171,7 +11191,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSpatialTfGridGeneratorBackward__cu
         ) as u32
     }
 }
-///`cudnnSpatialTfGridGeneratorBackward` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnSpatialTfGridGeneratorBackward` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSpatialTfGridGeneratorBackward__cu126(
     handle: *mut c_void,
@@ -11211,7 +11231,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSpatialTfGridGeneratorForward__cu1
         ) as u32
     }
 }
-///`cudnnSpatialTfGridGeneratorForward` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnSpatialTfGridGeneratorForward` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSpatialTfGridGeneratorForward__cu126(
     handle: *mut c_void,
@@ -11271,7 +11291,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSpatialTfSamplerBackward__cu118(
         ) as u32
     }
 }
-///`cudnnSpatialTfSamplerBackward` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnSpatialTfSamplerBackward` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSpatialTfSamplerBackward__cu126(
     handle: *mut c_void,
@@ -11341,7 +11361,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSpatialTfSamplerForward__cu118(
         ) as u32
     }
 }
-///`cudnnSpatialTfSamplerForward` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnSpatialTfSamplerForward` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSpatialTfSamplerForward__cu126(
     handle: *mut c_void,
@@ -11399,7 +11419,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnTransformFilter__cu118(
         ) as u32
     }
 }
-///`cudnnTransformFilter` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnTransformFilter` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnTransformFilter__cu126(
     handle: *mut c_void,
@@ -11453,7 +11473,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnTransformTensor__cu118(
         ) as u32
     }
 }
-///`cudnnTransformTensor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnTransformTensor` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnTransformTensor__cu126(
     handle: *mut c_void,
@@ -11507,7 +11527,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnTransformTensorEx__cu118(
         ) as u32
     }
 }
-///`cudnnTransformTensorEx` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnTransformTensorEx` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnTransformTensorEx__cu126(
     handle: *mut c_void,

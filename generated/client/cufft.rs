@@ -28,13 +28,13 @@ pub unsafe extern "C" fn __chidori_cufft___cufftXtSetJITCallback_12_7(
         ) as u32
     }
 }
-///`cufftCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cufftCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cufft_cufftCreate(handle: *mut c_void) -> u32 {
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cufftCreate",
-            version: "13.1",
+            version: "13.5",
             library: "cufft",
             forms: &[&chidori_cuda::calls::cufft::cufftCreate__call],
             codes: chidori_cuda::desc::Codes {
@@ -48,7 +48,7 @@ pub unsafe extern "C" fn __chidori_cufft_cufftCreate(handle: *mut c_void) -> u32
         crate::custom::cufft::create(&CTX, handle)
     }
 }
-///`cufftDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cufftDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cufft_cufftDestroy(plan: i32) -> u32 {
     unsafe {
@@ -58,7 +58,7 @@ pub unsafe extern "C" fn __chidori_cufft_cufftDestroy(plan: i32) -> u32 {
         ) as u32
     }
 }
-///`cufftEstimate1d` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cufftEstimate1d` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cufft_cufftEstimate1d(
     nx: i32,
@@ -78,7 +78,7 @@ pub unsafe extern "C" fn __chidori_cufft_cufftEstimate1d(
         ) as u32
     }
 }
-///`cufftEstimate2d` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cufftEstimate2d` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cufft_cufftEstimate2d(
     nx: i32,
@@ -98,7 +98,7 @@ pub unsafe extern "C" fn __chidori_cufft_cufftEstimate2d(
         ) as u32
     }
 }
-///`cufftEstimate3d` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cufftEstimate3d` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cufft_cufftEstimate3d(
     nx: i32,
@@ -120,7 +120,7 @@ pub unsafe extern "C" fn __chidori_cufft_cufftEstimate3d(
         ) as u32
     }
 }
-///`cufftEstimateMany` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cufftEstimateMany` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cufft_cufftEstimateMany(
     rank: i32,
@@ -154,7 +154,7 @@ pub unsafe extern "C" fn __chidori_cufft_cufftEstimateMany(
         ) as u32
     }
 }
-///`cufftExecC2C` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cufftExecC2C` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cufft_cufftExecC2C(
     plan: i32,
@@ -174,7 +174,7 @@ pub unsafe extern "C" fn __chidori_cufft_cufftExecC2C(
         ) as u32
     }
 }
-///`cufftExecC2R` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cufftExecC2R` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cufft_cufftExecC2R(
     plan: i32,
@@ -188,7 +188,7 @@ pub unsafe extern "C" fn __chidori_cufft_cufftExecC2R(
         ) as u32
     }
 }
-///`cufftExecD2Z` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cufftExecD2Z` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cufft_cufftExecD2Z(
     plan: i32,
@@ -202,7 +202,7 @@ pub unsafe extern "C" fn __chidori_cufft_cufftExecD2Z(
         ) as u32
     }
 }
-///`cufftExecR2C` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cufftExecR2C` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cufft_cufftExecR2C(
     plan: i32,
@@ -216,7 +216,7 @@ pub unsafe extern "C" fn __chidori_cufft_cufftExecR2C(
         ) as u32
     }
 }
-///`cufftExecZ2D` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cufftExecZ2D` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cufft_cufftExecZ2D(
     plan: i32,
@@ -230,7 +230,7 @@ pub unsafe extern "C" fn __chidori_cufft_cufftExecZ2D(
         ) as u32
     }
 }
-///`cufftExecZ2Z` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cufftExecZ2Z` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cufft_cufftExecZ2Z(
     plan: i32,
@@ -250,7 +250,7 @@ pub unsafe extern "C" fn __chidori_cufft_cufftExecZ2Z(
         ) as u32
     }
 }
-///`cufftGetPlanPropertyInt64` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cufftGetPlanPropertyInt64` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cufft_cufftGetPlanPropertyInt64(
     plan: i32,
@@ -264,7 +264,7 @@ pub unsafe extern "C" fn __chidori_cufft_cufftGetPlanPropertyInt64(
         ) as u32
     }
 }
-///`cufftGetProperty` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cufftGetProperty` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cufft_cufftGetProperty(
     r#type: u32,
@@ -277,7 +277,7 @@ pub unsafe extern "C" fn __chidori_cufft_cufftGetProperty(
         ) as u32
     }
 }
-///`cufftGetSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cufftGetSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cufft_cufftGetSize(
     handle: i32,
@@ -290,7 +290,7 @@ pub unsafe extern "C" fn __chidori_cufft_cufftGetSize(
         ) as u32
     }
 }
-///`cufftGetSize1d` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cufftGetSize1d` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cufft_cufftGetSize1d(
     handle: i32,
@@ -312,7 +312,7 @@ pub unsafe extern "C" fn __chidori_cufft_cufftGetSize1d(
         ) as u32
     }
 }
-///`cufftGetSize2d` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cufftGetSize2d` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cufft_cufftGetSize2d(
     handle: i32,
@@ -334,7 +334,7 @@ pub unsafe extern "C" fn __chidori_cufft_cufftGetSize2d(
         ) as u32
     }
 }
-///`cufftGetSize3d` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cufftGetSize3d` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cufft_cufftGetSize3d(
     handle: i32,
@@ -358,7 +358,7 @@ pub unsafe extern "C" fn __chidori_cufft_cufftGetSize3d(
         ) as u32
     }
 }
-///`cufftGetSizeMany` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cufftGetSizeMany` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cufft_cufftGetSizeMany(
     handle: i32,
@@ -394,7 +394,7 @@ pub unsafe extern "C" fn __chidori_cufft_cufftGetSizeMany(
         ) as u32
     }
 }
-///`cufftGetSizeMany64` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cufftGetSizeMany64` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cufft_cufftGetSizeMany64(
     plan: i32,
@@ -430,7 +430,7 @@ pub unsafe extern "C" fn __chidori_cufft_cufftGetSizeMany64(
         ) as u32
     }
 }
-///`cufftGetVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cufftGetVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cufft_cufftGetVersion(version: *mut c_void) -> u32 {
     unsafe {
@@ -440,7 +440,7 @@ pub unsafe extern "C" fn __chidori_cufft_cufftGetVersion(version: *mut c_void) -
         ) as u32
     }
 }
-///`cufftMakePlan1d` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cufftMakePlan1d` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cufft_cufftMakePlan1d(
     plan: i32,
@@ -462,7 +462,7 @@ pub unsafe extern "C" fn __chidori_cufft_cufftMakePlan1d(
         ) as u32
     }
 }
-///`cufftMakePlan2d` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cufftMakePlan2d` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cufft_cufftMakePlan2d(
     plan: i32,
@@ -484,7 +484,7 @@ pub unsafe extern "C" fn __chidori_cufft_cufftMakePlan2d(
         ) as u32
     }
 }
-///`cufftMakePlan3d` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cufftMakePlan3d` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cufft_cufftMakePlan3d(
     plan: i32,
@@ -508,7 +508,7 @@ pub unsafe extern "C" fn __chidori_cufft_cufftMakePlan3d(
         ) as u32
     }
 }
-///`cufftMakePlanMany` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cufftMakePlanMany` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cufft_cufftMakePlanMany(
     plan: i32,
@@ -544,7 +544,7 @@ pub unsafe extern "C" fn __chidori_cufft_cufftMakePlanMany(
         ) as u32
     }
 }
-///`cufftMakePlanMany64` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cufftMakePlanMany64` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cufft_cufftMakePlanMany64(
     plan: i32,
@@ -580,7 +580,7 @@ pub unsafe extern "C" fn __chidori_cufft_cufftMakePlanMany64(
         ) as u32
     }
 }
-///`cufftPlan1d` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cufftPlan1d` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cufft_cufftPlan1d(
     plan: *mut c_void,
@@ -600,7 +600,7 @@ pub unsafe extern "C" fn __chidori_cufft_cufftPlan1d(
         ) as u32
     }
 }
-///`cufftPlan2d` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cufftPlan2d` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cufft_cufftPlan2d(
     plan: *mut c_void,
@@ -620,7 +620,7 @@ pub unsafe extern "C" fn __chidori_cufft_cufftPlan2d(
         ) as u32
     }
 }
-///`cufftPlan3d` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cufftPlan3d` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cufft_cufftPlan3d(
     plan: *mut c_void,
@@ -642,7 +642,7 @@ pub unsafe extern "C" fn __chidori_cufft_cufftPlan3d(
         ) as u32
     }
 }
-///`cufftPlanMany` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cufftPlanMany` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cufft_cufftPlanMany(
     plan: *mut c_void,
@@ -676,7 +676,7 @@ pub unsafe extern "C" fn __chidori_cufft_cufftPlanMany(
         ) as u32
     }
 }
-///`cufftResetPlanProperty` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cufftResetPlanProperty` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cufft_cufftResetPlanProperty(
     plan: i32,
@@ -689,7 +689,7 @@ pub unsafe extern "C" fn __chidori_cufft_cufftResetPlanProperty(
         ) as u32
     }
 }
-///`cufftSetAutoAllocation` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cufftSetAutoAllocation` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cufft_cufftSetAutoAllocation(
     plan: i32,
@@ -702,7 +702,7 @@ pub unsafe extern "C" fn __chidori_cufft_cufftSetAutoAllocation(
         ) as u32
     }
 }
-///`cufftSetPlanPropertyInt64` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cufftSetPlanPropertyInt64` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cufft_cufftSetPlanPropertyInt64(
     plan: i32,
@@ -716,7 +716,7 @@ pub unsafe extern "C" fn __chidori_cufft_cufftSetPlanPropertyInt64(
         ) as u32
     }
 }
-///`cufftSetStream` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cufftSetStream` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cufft_cufftSetStream(
     plan: i32,
@@ -729,7 +729,7 @@ pub unsafe extern "C" fn __chidori_cufft_cufftSetStream(
         ) as u32
     }
 }
-///`cufftSetWorkArea` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cufftSetWorkArea` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cufft_cufftSetWorkArea(
     plan: i32,
@@ -742,7 +742,7 @@ pub unsafe extern "C" fn __chidori_cufft_cufftSetWorkArea(
         ) as u32
     }
 }
-///`cufftXtClearCallback` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cufftXtClearCallback` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cufft_cufftXtClearCallback(
     plan: i32,
@@ -755,7 +755,7 @@ pub unsafe extern "C" fn __chidori_cufft_cufftXtClearCallback(
         ) as u32
     }
 }
-///`cufftXtExec` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cufftXtExec` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cufft_cufftXtExec(
     plan: i32,
@@ -775,7 +775,7 @@ pub unsafe extern "C" fn __chidori_cufft_cufftXtExec(
         ) as u32
     }
 }
-///`cufftXtGetSizeMany` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cufftXtGetSizeMany` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cufft_cufftXtGetSizeMany(
     plan: i32,
@@ -815,7 +815,7 @@ pub unsafe extern "C" fn __chidori_cufft_cufftXtGetSizeMany(
         ) as u32
     }
 }
-///`cufftXtMakePlanMany` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cufftXtMakePlanMany` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cufft_cufftXtMakePlanMany(
     plan: i32,
@@ -855,7 +855,7 @@ pub unsafe extern "C" fn __chidori_cufft_cufftXtMakePlanMany(
         ) as u32
     }
 }
-///`cufftXtQueryPlan` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cufftXtQueryPlan` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cufft_cufftXtQueryPlan(
     plan: i32,
@@ -869,7 +869,7 @@ pub unsafe extern "C" fn __chidori_cufft_cufftXtQueryPlan(
         ) as u32
     }
 }
-///`cufftXtSetCallback` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cufftXtSetCallback` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cufft_cufftXtSetCallback(
     plan: i32,
@@ -889,7 +889,7 @@ pub unsafe extern "C" fn __chidori_cufft_cufftXtSetCallback(
         ) as u32
     }
 }
-///`cufftXtSetCallbackSharedSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cufftXtSetCallbackSharedSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cufft_cufftXtSetCallbackSharedSize(
     plan: i32,
@@ -945,7 +945,7 @@ pub unsafe extern "C" fn __chidori_cufft_cufftXtSetDistribution__cu121(
         ) as u32
     }
 }
-///`cufftXtSetJITCallback` for CUDA 13.0, 13.1 (sync).
+///`cufftXtSetJITCallback` for CUDA 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cufft_cufftXtSetJITCallback(
     plan: i32,
@@ -969,7 +969,7 @@ pub unsafe extern "C" fn __chidori_cufft_cufftXtSetJITCallback(
         ) as u32
     }
 }
-///`cufftXtSetWorkArea` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cufftXtSetWorkArea` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cufft_cufftXtSetWorkArea(
     plan: i32,
@@ -982,7 +982,7 @@ pub unsafe extern "C" fn __chidori_cufft_cufftXtSetWorkArea(
         ) as u32
     }
 }
-///`cufftXtSetWorkAreaPolicy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cufftXtSetWorkAreaPolicy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cufft_cufftXtSetWorkAreaPolicy(
     plan: i32,

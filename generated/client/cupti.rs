@@ -4,7 +4,7 @@
 
 #[allow(unused_imports)]
 use core::ffi::c_void;
-///`cuptiGetErrorMessage` for CUDA 12.6, 12.8, 13.0, 13.1 (local).
+///`cuptiGetErrorMessage` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cupti_cuptiGetErrorMessage(
     result: u32,
@@ -12,7 +12,7 @@ pub unsafe extern "C" fn __chidori_cupti_cuptiGetErrorMessage(
 ) -> u32 {
     unsafe { crate::custom::cupti::cuptiGetErrorMessage(result, str_) }
 }
-///`cuptiGetResultString` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`cuptiGetResultString` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cupti_cuptiGetResultString(
     result: u32,
@@ -20,7 +20,7 @@ pub unsafe extern "C" fn __chidori_cupti_cuptiGetResultString(
 ) -> u32 {
     unsafe { crate::custom::cupti::cuptiGetResultString(result, str_) }
 }
-///`cuptiGetVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuptiGetVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cupti_cuptiGetVersion(version: *mut c_void) -> u32 {
     unsafe {

@@ -4,7 +4,7 @@
 
 #[allow(unused_imports)]
 use core::ffi::c_void;
-///`curandCreateGenerator` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`curandCreateGenerator` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_curand_curandCreateGenerator(
     generator: *mut c_void,
@@ -17,7 +17,7 @@ pub unsafe extern "C" fn __chidori_curand_curandCreateGenerator(
         ) as u32
     }
 }
-///`curandCreateGeneratorHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`curandCreateGeneratorHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_curand_curandCreateGeneratorHost(
     generator: *mut c_void,
@@ -26,7 +26,7 @@ pub unsafe extern "C" fn __chidori_curand_curandCreateGeneratorHost(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "curandCreateGeneratorHost",
-            version: "13.1",
+            version: "13.5",
             library: "curand",
             forms: &[&chidori_cuda::calls::curand::curandCreateGeneratorHost__call],
             codes: chidori_cuda::desc::Codes {
@@ -40,7 +40,7 @@ pub unsafe extern "C" fn __chidori_curand_curandCreateGeneratorHost(
         crate::custom::curand::create_host(&CTX, generator, rng_type)
     }
 }
-///`curandCreatePoissonDistribution` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`curandCreatePoissonDistribution` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_curand_curandCreatePoissonDistribution(
     lambda: f64,
@@ -53,7 +53,7 @@ pub unsafe extern "C" fn __chidori_curand_curandCreatePoissonDistribution(
         ) as u32
     }
 }
-///`curandDestroyDistribution` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`curandDestroyDistribution` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_curand_curandDestroyDistribution(
     discrete_distribution: *mut c_void,
@@ -65,7 +65,7 @@ pub unsafe extern "C" fn __chidori_curand_curandDestroyDistribution(
         ) as u32
     }
 }
-///`curandDestroyGenerator` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`curandDestroyGenerator` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_curand_curandDestroyGenerator(
     generator: *mut c_void,
@@ -73,7 +73,7 @@ pub unsafe extern "C" fn __chidori_curand_curandDestroyGenerator(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "curandDestroyGenerator",
-            version: "13.1",
+            version: "13.5",
             library: "curand",
             forms: &[&chidori_cuda::calls::curand::curandDestroyGenerator__call],
             codes: chidori_cuda::desc::Codes {
@@ -87,7 +87,7 @@ pub unsafe extern "C" fn __chidori_curand_curandDestroyGenerator(
         crate::custom::curand::destroy(&CTX, generator)
     }
 }
-///`curandGenerate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`curandGenerate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_curand_curandGenerate(
     generator: *mut c_void,
@@ -98,7 +98,7 @@ pub unsafe extern "C" fn __chidori_curand_curandGenerate(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "curandGenerate",
-                version: "13.1",
+                version: "13.5",
                 library: "curand",
                 forms: &[
                     &chidori_cuda::calls::curand::curandGenerate__call,
@@ -119,7 +119,7 @@ pub unsafe extern "C" fn __chidori_curand_curandGenerate(
         }) as u32
     }
 }
-///`curandGenerateBinomial` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`curandGenerateBinomial` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_curand_curandGenerateBinomial(
     generator: *mut c_void,
@@ -132,7 +132,7 @@ pub unsafe extern "C" fn __chidori_curand_curandGenerateBinomial(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "curandGenerateBinomial",
-                version: "13.1",
+                version: "13.5",
                 library: "curand",
                 forms: &[
                     &chidori_cuda::calls::curand::curandGenerateBinomial__call,
@@ -159,7 +159,7 @@ pub unsafe extern "C" fn __chidori_curand_curandGenerateBinomial(
         }) as u32
     }
 }
-///`curandGenerateBinomialMethod` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`curandGenerateBinomialMethod` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_curand_curandGenerateBinomialMethod(
     generator: *mut c_void,
@@ -173,7 +173,7 @@ pub unsafe extern "C" fn __chidori_curand_curandGenerateBinomialMethod(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "curandGenerateBinomialMethod",
-                version: "13.1",
+                version: "13.5",
                 library: "curand",
                 forms: &[
                     &chidori_cuda::calls::curand::curandGenerateBinomialMethod__call,
@@ -201,7 +201,7 @@ pub unsafe extern "C" fn __chidori_curand_curandGenerateBinomialMethod(
         }) as u32
     }
 }
-///`curandGenerateLogNormal` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`curandGenerateLogNormal` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_curand_curandGenerateLogNormal(
     generator: *mut c_void,
@@ -214,7 +214,7 @@ pub unsafe extern "C" fn __chidori_curand_curandGenerateLogNormal(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "curandGenerateLogNormal",
-                version: "13.1",
+                version: "13.5",
                 library: "curand",
                 forms: &[
                     &chidori_cuda::calls::curand::curandGenerateLogNormal__call,
@@ -241,7 +241,7 @@ pub unsafe extern "C" fn __chidori_curand_curandGenerateLogNormal(
         }) as u32
     }
 }
-///`curandGenerateLogNormalDouble` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`curandGenerateLogNormalDouble` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_curand_curandGenerateLogNormalDouble(
     generator: *mut c_void,
@@ -254,7 +254,7 @@ pub unsafe extern "C" fn __chidori_curand_curandGenerateLogNormalDouble(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "curandGenerateLogNormalDouble",
-                version: "13.1",
+                version: "13.5",
                 library: "curand",
                 forms: &[
                     &chidori_cuda::calls::curand::curandGenerateLogNormalDouble__call,
@@ -281,7 +281,7 @@ pub unsafe extern "C" fn __chidori_curand_curandGenerateLogNormalDouble(
         }) as u32
     }
 }
-///`curandGenerateLongLong` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`curandGenerateLongLong` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_curand_curandGenerateLongLong(
     generator: *mut c_void,
@@ -292,7 +292,7 @@ pub unsafe extern "C" fn __chidori_curand_curandGenerateLongLong(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "curandGenerateLongLong",
-                version: "13.1",
+                version: "13.5",
                 library: "curand",
                 forms: &[
                     &chidori_cuda::calls::curand::curandGenerateLongLong__call,
@@ -313,7 +313,7 @@ pub unsafe extern "C" fn __chidori_curand_curandGenerateLongLong(
         }) as u32
     }
 }
-///`curandGenerateNormal` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`curandGenerateNormal` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_curand_curandGenerateNormal(
     generator: *mut c_void,
@@ -326,7 +326,7 @@ pub unsafe extern "C" fn __chidori_curand_curandGenerateNormal(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "curandGenerateNormal",
-                version: "13.1",
+                version: "13.5",
                 library: "curand",
                 forms: &[
                     &chidori_cuda::calls::curand::curandGenerateNormal__call,
@@ -353,7 +353,7 @@ pub unsafe extern "C" fn __chidori_curand_curandGenerateNormal(
         }) as u32
     }
 }
-///`curandGenerateNormalDouble` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`curandGenerateNormalDouble` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_curand_curandGenerateNormalDouble(
     generator: *mut c_void,
@@ -366,7 +366,7 @@ pub unsafe extern "C" fn __chidori_curand_curandGenerateNormalDouble(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "curandGenerateNormalDouble",
-                version: "13.1",
+                version: "13.5",
                 library: "curand",
                 forms: &[
                     &chidori_cuda::calls::curand::curandGenerateNormalDouble__call,
@@ -393,7 +393,7 @@ pub unsafe extern "C" fn __chidori_curand_curandGenerateNormalDouble(
         }) as u32
     }
 }
-///`curandGeneratePoisson` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`curandGeneratePoisson` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_curand_curandGeneratePoisson(
     generator: *mut c_void,
@@ -405,7 +405,7 @@ pub unsafe extern "C" fn __chidori_curand_curandGeneratePoisson(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "curandGeneratePoisson",
-                version: "13.1",
+                version: "13.5",
                 library: "curand",
                 forms: &[
                     &chidori_cuda::calls::curand::curandGeneratePoisson__call,
@@ -431,7 +431,7 @@ pub unsafe extern "C" fn __chidori_curand_curandGeneratePoisson(
         }) as u32
     }
 }
-///`curandGeneratePoissonMethod` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`curandGeneratePoissonMethod` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_curand_curandGeneratePoissonMethod(
     generator: *mut c_void,
@@ -444,7 +444,7 @@ pub unsafe extern "C" fn __chidori_curand_curandGeneratePoissonMethod(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "curandGeneratePoissonMethod",
-                version: "13.1",
+                version: "13.5",
                 library: "curand",
                 forms: &[
                     &chidori_cuda::calls::curand::curandGeneratePoissonMethod__call,
@@ -471,7 +471,7 @@ pub unsafe extern "C" fn __chidori_curand_curandGeneratePoissonMethod(
         }) as u32
     }
 }
-///`curandGenerateSeeds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`curandGenerateSeeds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_curand_curandGenerateSeeds(
     generator: *mut c_void,
@@ -483,7 +483,7 @@ pub unsafe extern "C" fn __chidori_curand_curandGenerateSeeds(
         ) as u32
     }
 }
-///`curandGenerateUniform` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`curandGenerateUniform` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_curand_curandGenerateUniform(
     generator: *mut c_void,
@@ -494,7 +494,7 @@ pub unsafe extern "C" fn __chidori_curand_curandGenerateUniform(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "curandGenerateUniform",
-                version: "13.1",
+                version: "13.5",
                 library: "curand",
                 forms: &[
                     &chidori_cuda::calls::curand::curandGenerateUniform__call,
@@ -515,7 +515,7 @@ pub unsafe extern "C" fn __chidori_curand_curandGenerateUniform(
         }) as u32
     }
 }
-///`curandGenerateUniformDouble` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`curandGenerateUniformDouble` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_curand_curandGenerateUniformDouble(
     generator: *mut c_void,
@@ -526,7 +526,7 @@ pub unsafe extern "C" fn __chidori_curand_curandGenerateUniformDouble(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "curandGenerateUniformDouble",
-                version: "13.1",
+                version: "13.5",
                 library: "curand",
                 forms: &[
                     &chidori_cuda::calls::curand::curandGenerateUniformDouble__call,
@@ -547,7 +547,7 @@ pub unsafe extern "C" fn __chidori_curand_curandGenerateUniformDouble(
         }) as u32
     }
 }
-///`curandGetDirectionVectors32` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`curandGetDirectionVectors32` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_curand_curandGetDirectionVectors32(
     vectors: *mut c_void,
@@ -557,7 +557,7 @@ pub unsafe extern "C" fn __chidori_curand_curandGetDirectionVectors32(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "curandGetDirectionVectors32",
-                version: "13.1",
+                version: "13.5",
                 library: "curand",
                 forms: &[
                     &chidori_cuda::calls::curand::curandGetDirectionVectors32__table,
@@ -577,7 +577,7 @@ pub unsafe extern "C" fn __chidori_curand_curandGetDirectionVectors32(
         }) as u32
     }
 }
-///`curandGetDirectionVectors64` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`curandGetDirectionVectors64` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_curand_curandGetDirectionVectors64(
     vectors: *mut c_void,
@@ -587,7 +587,7 @@ pub unsafe extern "C" fn __chidori_curand_curandGetDirectionVectors64(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "curandGetDirectionVectors64",
-                version: "13.1",
+                version: "13.5",
                 library: "curand",
                 forms: &[
                     &chidori_cuda::calls::curand::curandGetDirectionVectors64__table,
@@ -607,7 +607,7 @@ pub unsafe extern "C" fn __chidori_curand_curandGetDirectionVectors64(
         }) as u32
     }
 }
-///`curandGetProperty` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`curandGetProperty` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_curand_curandGetProperty(
     r#type: u32,
@@ -620,7 +620,7 @@ pub unsafe extern "C" fn __chidori_curand_curandGetProperty(
         ) as u32
     }
 }
-///`curandGetScrambleConstants32` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`curandGetScrambleConstants32` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_curand_curandGetScrambleConstants32(
     constants: *mut c_void,
@@ -629,7 +629,7 @@ pub unsafe extern "C" fn __chidori_curand_curandGetScrambleConstants32(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "curandGetScrambleConstants32",
-                version: "13.1",
+                version: "13.5",
                 library: "curand",
                 forms: &[
                     &chidori_cuda::calls::curand::curandGetScrambleConstants32__table,
@@ -646,7 +646,7 @@ pub unsafe extern "C" fn __chidori_curand_curandGetScrambleConstants32(
         }) as u32
     }
 }
-///`curandGetScrambleConstants64` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`curandGetScrambleConstants64` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_curand_curandGetScrambleConstants64(
     constants: *mut c_void,
@@ -655,7 +655,7 @@ pub unsafe extern "C" fn __chidori_curand_curandGetScrambleConstants64(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "curandGetScrambleConstants64",
-                version: "13.1",
+                version: "13.5",
                 library: "curand",
                 forms: &[
                     &chidori_cuda::calls::curand::curandGetScrambleConstants64__table,
@@ -672,7 +672,7 @@ pub unsafe extern "C" fn __chidori_curand_curandGetScrambleConstants64(
         }) as u32
     }
 }
-///`curandGetVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`curandGetVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_curand_curandGetVersion(version: *mut c_void) -> u32 {
     unsafe {
@@ -682,7 +682,7 @@ pub unsafe extern "C" fn __chidori_curand_curandGetVersion(version: *mut c_void)
         ) as u32
     }
 }
-///`curandSetGeneratorOffset` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`curandSetGeneratorOffset` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_curand_curandSetGeneratorOffset(
     generator: *mut c_void,
@@ -695,7 +695,7 @@ pub unsafe extern "C" fn __chidori_curand_curandSetGeneratorOffset(
         ) as u32
     }
 }
-///`curandSetGeneratorOrdering` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`curandSetGeneratorOrdering` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_curand_curandSetGeneratorOrdering(
     generator: *mut c_void,
@@ -708,7 +708,7 @@ pub unsafe extern "C" fn __chidori_curand_curandSetGeneratorOrdering(
         ) as u32
     }
 }
-///`curandSetPseudoRandomGeneratorSeed` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`curandSetPseudoRandomGeneratorSeed` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_curand_curandSetPseudoRandomGeneratorSeed(
     generator: *mut c_void,
@@ -721,7 +721,7 @@ pub unsafe extern "C" fn __chidori_curand_curandSetPseudoRandomGeneratorSeed(
         ) as u32
     }
 }
-///`curandSetQuasiRandomGeneratorDimensions` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`curandSetQuasiRandomGeneratorDimensions` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_curand_curandSetQuasiRandomGeneratorDimensions(
     generator: *mut c_void,
@@ -734,7 +734,7 @@ pub unsafe extern "C" fn __chidori_curand_curandSetQuasiRandomGeneratorDimension
         ) as u32
     }
 }
-///`curandSetStream` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`curandSetStream` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_curand_curandSetStream(
     generator: *mut c_void,

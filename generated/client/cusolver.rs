@@ -4,7 +4,7 @@
 
 #[allow(unused_imports)]
 use core::ffi::c_void;
-///`cusolverDnCCgels` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnCCgels` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCCgels(
     handle: *mut c_void,
@@ -44,7 +44,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCCgels(
         ) as u32
     }
 }
-///`cusolverDnCCgels_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnCCgels_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCCgels_bufferSize(
     handle: *mut c_void,
@@ -80,7 +80,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCCgels_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnCCgesv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnCCgesv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCCgesv(
     handle: *mut c_void,
@@ -120,7 +120,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCCgesv(
         ) as u32
     }
 }
-///`cusolverDnCCgesv_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnCCgesv_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCCgesv_bufferSize(
     handle: *mut c_void,
@@ -156,7 +156,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCCgesv_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnCEgels` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnCEgels` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCEgels(
     handle: *mut c_void,
@@ -196,7 +196,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCEgels(
         ) as u32
     }
 }
-///`cusolverDnCEgels_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnCEgels_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCEgels_bufferSize(
     handle: *mut c_void,
@@ -232,7 +232,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCEgels_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnCEgesv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnCEgesv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCEgesv(
     handle: *mut c_void,
@@ -272,7 +272,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCEgesv(
         ) as u32
     }
 }
-///`cusolverDnCEgesv_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnCEgesv_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCEgesv_bufferSize(
     handle: *mut c_void,
@@ -308,7 +308,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCEgesv_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnCKgels` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnCKgels` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCKgels(
     handle: *mut c_void,
@@ -348,7 +348,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCKgels(
         ) as u32
     }
 }
-///`cusolverDnCKgels_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnCKgels_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCKgels_bufferSize(
     handle: *mut c_void,
@@ -384,7 +384,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCKgels_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnCKgesv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnCKgesv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCKgesv(
     handle: *mut c_void,
@@ -424,7 +424,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCKgesv(
         ) as u32
     }
 }
-///`cusolverDnCKgesv_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnCKgesv_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCKgesv_bufferSize(
     handle: *mut c_void,
@@ -460,7 +460,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCKgesv_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnCYgels` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnCYgels` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCYgels(
     handle: *mut c_void,
@@ -500,7 +500,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCYgels(
         ) as u32
     }
 }
-///`cusolverDnCYgels_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnCYgels_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCYgels_bufferSize(
     handle: *mut c_void,
@@ -536,7 +536,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCYgels_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnCYgesv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnCYgesv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCYgesv(
     handle: *mut c_void,
@@ -576,7 +576,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCYgesv(
         ) as u32
     }
 }
-///`cusolverDnCYgesv_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnCYgesv_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCYgesv_bufferSize(
     handle: *mut c_void,
@@ -612,7 +612,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCYgesv_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnCgebrd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnCgebrd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCgebrd(
     handle: *mut c_void,
@@ -648,7 +648,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCgebrd(
         ) as u32
     }
 }
-///`cusolverDnCgebrd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnCgebrd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCgebrd_bufferSize(
     handle: *mut c_void,
@@ -668,7 +668,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCgebrd_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnCgeqrf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnCgeqrf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCgeqrf(
     handle: *mut c_void,
@@ -698,7 +698,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCgeqrf(
         ) as u32
     }
 }
-///`cusolverDnCgeqrf_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnCgeqrf_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCgeqrf_bufferSize(
     handle: *mut c_void,
@@ -722,7 +722,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCgeqrf_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnCgesvd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnCgesvd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCgesvd(
     handle: *mut c_void,
@@ -766,7 +766,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCgesvd(
         ) as u32
     }
 }
-///`cusolverDnCgesvd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnCgesvd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCgesvd_bufferSize(
     handle: *mut c_void,
@@ -786,7 +786,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCgesvd_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnCgesvdaStridedBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnCgesvdaStridedBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCgesvdaStridedBatched(
     handle: *mut c_void,
@@ -840,7 +840,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCgesvdaStridedBatched(
         ) as u32
     }
 }
-///`cusolverDnCgesvdaStridedBatched_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnCgesvdaStridedBatched_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCgesvdaStridedBatched_bufferSize(
     handle: *mut c_void,
@@ -888,7 +888,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCgesvdaStridedBatched_buff
         ) as u32
     }
 }
-///`cusolverDnCgesvdj` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnCgesvdj` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCgesvdj(
     handle: *mut c_void,
@@ -932,7 +932,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCgesvdj(
         ) as u32
     }
 }
-///`cusolverDnCgesvdjBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnCgesvdjBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCgesvdjBatched(
     handle: *mut c_void,
@@ -976,7 +976,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCgesvdjBatched(
         ) as u32
     }
 }
-///`cusolverDnCgesvdjBatched_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnCgesvdjBatched_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCgesvdjBatched_bufferSize(
     handle: *mut c_void,
@@ -1016,7 +1016,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCgesvdjBatched_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnCgesvdj_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnCgesvdj_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCgesvdj_bufferSize(
     handle: *mut c_void,
@@ -1056,7 +1056,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCgesvdj_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnCgetrf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnCgetrf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCgetrf(
     handle: *mut c_void,
@@ -1084,7 +1084,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCgetrf(
         ) as u32
     }
 }
-///`cusolverDnCgetrf_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnCgetrf_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCgetrf_bufferSize(
     handle: *mut c_void,
@@ -1108,7 +1108,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCgetrf_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnCgetrs` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnCgetrs` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCgetrs(
     handle: *mut c_void,
@@ -1140,7 +1140,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCgetrs(
         ) as u32
     }
 }
-///`cusolverDnCheevd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnCheevd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCheevd(
     handle: *mut c_void,
@@ -1172,7 +1172,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCheevd(
         ) as u32
     }
 }
-///`cusolverDnCheevd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnCheevd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCheevd_bufferSize(
     handle: *mut c_void,
@@ -1200,7 +1200,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCheevd_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnCheevdx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnCheevdx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCheevdx(
     handle: *mut c_void,
@@ -1244,7 +1244,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCheevdx(
         ) as u32
     }
 }
-///`cusolverDnCheevdx_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnCheevdx_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCheevdx_bufferSize(
     handle: *mut c_void,
@@ -1284,7 +1284,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCheevdx_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnCheevj` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnCheevj` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCheevj(
     handle: *mut c_void,
@@ -1318,7 +1318,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCheevj(
         ) as u32
     }
 }
-///`cusolverDnCheevjBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnCheevjBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCheevjBatched(
     handle: *mut c_void,
@@ -1354,7 +1354,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCheevjBatched(
         ) as u32
     }
 }
-///`cusolverDnCheevjBatched_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnCheevjBatched_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCheevjBatched_bufferSize(
     handle: *mut c_void,
@@ -1386,7 +1386,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCheevjBatched_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnCheevj_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnCheevj_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCheevj_bufferSize(
     handle: *mut c_void,
@@ -1416,7 +1416,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCheevj_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnChegvd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnChegvd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnChegvd(
     handle: *mut c_void,
@@ -1454,7 +1454,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnChegvd(
         ) as u32
     }
 }
-///`cusolverDnChegvd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnChegvd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnChegvd_bufferSize(
     handle: *mut c_void,
@@ -1488,7 +1488,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnChegvd_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnChegvdx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnChegvdx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnChegvdx(
     handle: *mut c_void,
@@ -1538,7 +1538,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnChegvdx(
         ) as u32
     }
 }
-///`cusolverDnChegvdx_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnChegvdx_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnChegvdx_bufferSize(
     handle: *mut c_void,
@@ -1584,7 +1584,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnChegvdx_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnChegvj` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnChegvj` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnChegvj(
     handle: *mut c_void,
@@ -1624,7 +1624,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnChegvj(
         ) as u32
     }
 }
-///`cusolverDnChegvj_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnChegvj_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnChegvj_bufferSize(
     handle: *mut c_void,
@@ -1660,7 +1660,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnChegvj_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnChetrd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnChetrd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnChetrd(
     handle: *mut c_void,
@@ -1694,7 +1694,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnChetrd(
         ) as u32
     }
 }
-///`cusolverDnChetrd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnChetrd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnChetrd_bufferSize(
     handle: *mut c_void,
@@ -1724,7 +1724,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnChetrd_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnClaswp` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnClaswp` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnClaswp(
     handle: *mut c_void,
@@ -1752,7 +1752,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnClaswp(
         ) as u32
     }
 }
-///`cusolverDnClauum` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnClauum` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnClauum(
     handle: *mut c_void,
@@ -1780,7 +1780,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnClauum(
         ) as u32
     }
 }
-///`cusolverDnClauum_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnClauum_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnClauum_bufferSize(
     handle: *mut c_void,
@@ -1804,7 +1804,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnClauum_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnCpotrf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnCpotrf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCpotrf(
     handle: *mut c_void,
@@ -1832,7 +1832,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCpotrf(
         ) as u32
     }
 }
-///`cusolverDnCpotrfBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnCpotrfBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCpotrfBatched(
     handle: *mut c_void,
@@ -1858,7 +1858,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCpotrfBatched(
         ) as u32
     }
 }
-///`cusolverDnCpotrf_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnCpotrf_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCpotrf_bufferSize(
     handle: *mut c_void,
@@ -1882,7 +1882,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCpotrf_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnCpotri` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnCpotri` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCpotri(
     handle: *mut c_void,
@@ -1910,7 +1910,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCpotri(
         ) as u32
     }
 }
-///`cusolverDnCpotri_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnCpotri_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCpotri_bufferSize(
     handle: *mut c_void,
@@ -1934,7 +1934,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCpotri_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnCpotrs` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnCpotrs` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCpotrs(
     handle: *mut c_void,
@@ -1964,7 +1964,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCpotrs(
         ) as u32
     }
 }
-///`cusolverDnCpotrsBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnCpotrsBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCpotrsBatched(
     handle: *mut c_void,
@@ -1996,7 +1996,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCpotrsBatched(
         ) as u32
     }
 }
-///`cusolverDnCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCreate(
     handle: *mut c_void,
@@ -2008,7 +2008,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCreate(
         ) as u32
     }
 }
-///`cusolverDnCreateGesvdjInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnCreateGesvdjInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCreateGesvdjInfo(
     info: *mut c_void,
@@ -2020,7 +2020,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCreateGesvdjInfo(
         ) as u32
     }
 }
-///`cusolverDnCreateParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnCreateParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCreateParams(
     params: *mut c_void,
@@ -2032,7 +2032,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCreateParams(
         ) as u32
     }
 }
-///`cusolverDnCreateSyevjInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnCreateSyevjInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCreateSyevjInfo(
     info: *mut c_void,
@@ -2044,7 +2044,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCreateSyevjInfo(
         ) as u32
     }
 }
-///`cusolverDnCsytrf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnCsytrf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCsytrf(
     handle: *mut c_void,
@@ -2074,7 +2074,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCsytrf(
         ) as u32
     }
 }
-///`cusolverDnCsytrf_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnCsytrf_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCsytrf_bufferSize(
     handle: *mut c_void,
@@ -2096,7 +2096,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCsytrf_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnCsytri` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnCsytri` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCsytri(
     handle: *mut c_void,
@@ -2126,7 +2126,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCsytri(
         ) as u32
     }
 }
-///`cusolverDnCsytri_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnCsytri_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCsytri_bufferSize(
     handle: *mut c_void,
@@ -2152,7 +2152,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCsytri_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnCungbr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnCungbr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCungbr(
     handle: *mut c_void,
@@ -2186,7 +2186,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCungbr(
         ) as u32
     }
 }
-///`cusolverDnCungbr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnCungbr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCungbr_bufferSize(
     handle: *mut c_void,
@@ -2216,7 +2216,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCungbr_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnCungqr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnCungqr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCungqr(
     handle: *mut c_void,
@@ -2248,7 +2248,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCungqr(
         ) as u32
     }
 }
-///`cusolverDnCungqr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnCungqr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCungqr_bufferSize(
     handle: *mut c_void,
@@ -2276,7 +2276,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCungqr_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnCungtr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnCungtr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCungtr(
     handle: *mut c_void,
@@ -2306,7 +2306,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCungtr(
         ) as u32
     }
 }
-///`cusolverDnCungtr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnCungtr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCungtr_bufferSize(
     handle: *mut c_void,
@@ -2332,7 +2332,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCungtr_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnCunmqr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnCunmqr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCunmqr(
     handle: *mut c_void,
@@ -2372,7 +2372,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCunmqr(
         ) as u32
     }
 }
-///`cusolverDnCunmqr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnCunmqr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCunmqr_bufferSize(
     handle: *mut c_void,
@@ -2408,7 +2408,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCunmqr_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnCunmtr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnCunmtr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCunmtr(
     handle: *mut c_void,
@@ -2448,7 +2448,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCunmtr(
         ) as u32
     }
 }
-///`cusolverDnCunmtr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnCunmtr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCunmtr_bufferSize(
     handle: *mut c_void,
@@ -2484,7 +2484,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnCunmtr_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnDBgels` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnDBgels` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDBgels(
     handle: *mut c_void,
@@ -2524,7 +2524,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDBgels(
         ) as u32
     }
 }
-///`cusolverDnDBgels_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnDBgels_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDBgels_bufferSize(
     handle: *mut c_void,
@@ -2560,7 +2560,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDBgels_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnDBgesv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnDBgesv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDBgesv(
     handle: *mut c_void,
@@ -2600,7 +2600,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDBgesv(
         ) as u32
     }
 }
-///`cusolverDnDBgesv_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnDBgesv_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDBgesv_bufferSize(
     handle: *mut c_void,
@@ -2636,7 +2636,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDBgesv_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnDDgels` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnDDgels` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDDgels(
     handle: *mut c_void,
@@ -2676,7 +2676,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDDgels(
         ) as u32
     }
 }
-///`cusolverDnDDgels_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnDDgels_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDDgels_bufferSize(
     handle: *mut c_void,
@@ -2712,7 +2712,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDDgels_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnDDgesv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnDDgesv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDDgesv(
     handle: *mut c_void,
@@ -2752,7 +2752,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDDgesv(
         ) as u32
     }
 }
-///`cusolverDnDDgesv_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnDDgesv_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDDgesv_bufferSize(
     handle: *mut c_void,
@@ -2788,7 +2788,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDDgesv_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnDHgels` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnDHgels` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDHgels(
     handle: *mut c_void,
@@ -2828,7 +2828,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDHgels(
         ) as u32
     }
 }
-///`cusolverDnDHgels_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnDHgels_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDHgels_bufferSize(
     handle: *mut c_void,
@@ -2864,7 +2864,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDHgels_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnDHgesv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnDHgesv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDHgesv(
     handle: *mut c_void,
@@ -2904,7 +2904,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDHgesv(
         ) as u32
     }
 }
-///`cusolverDnDHgesv_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnDHgesv_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDHgesv_bufferSize(
     handle: *mut c_void,
@@ -2940,7 +2940,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDHgesv_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnDSgels` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnDSgels` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDSgels(
     handle: *mut c_void,
@@ -2980,7 +2980,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDSgels(
         ) as u32
     }
 }
-///`cusolverDnDSgels_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnDSgels_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDSgels_bufferSize(
     handle: *mut c_void,
@@ -3016,7 +3016,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDSgels_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnDSgesv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnDSgesv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDSgesv(
     handle: *mut c_void,
@@ -3056,7 +3056,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDSgesv(
         ) as u32
     }
 }
-///`cusolverDnDSgesv_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnDSgesv_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDSgesv_bufferSize(
     handle: *mut c_void,
@@ -3092,7 +3092,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDSgesv_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnDXgels` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnDXgels` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDXgels(
     handle: *mut c_void,
@@ -3132,7 +3132,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDXgels(
         ) as u32
     }
 }
-///`cusolverDnDXgels_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnDXgels_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDXgels_bufferSize(
     handle: *mut c_void,
@@ -3168,7 +3168,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDXgels_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnDXgesv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnDXgesv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDXgesv(
     handle: *mut c_void,
@@ -3208,7 +3208,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDXgesv(
         ) as u32
     }
 }
-///`cusolverDnDXgesv_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnDXgesv_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDXgesv_bufferSize(
     handle: *mut c_void,
@@ -3244,7 +3244,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDXgesv_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDestroy(
     handle: *mut c_void,
@@ -3256,7 +3256,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDestroy(
         ) as u32
     }
 }
-///`cusolverDnDestroyGesvdjInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnDestroyGesvdjInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDestroyGesvdjInfo(
     info: *mut c_void,
@@ -3268,7 +3268,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDestroyGesvdjInfo(
         ) as u32
     }
 }
-///`cusolverDnDestroyParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnDestroyParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDestroyParams(
     params: *mut c_void,
@@ -3280,7 +3280,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDestroyParams(
         ) as u32
     }
 }
-///`cusolverDnDestroySyevjInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnDestroySyevjInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDestroySyevjInfo(
     info: *mut c_void,
@@ -3292,7 +3292,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDestroySyevjInfo(
         ) as u32
     }
 }
-///`cusolverDnDgebrd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnDgebrd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDgebrd(
     handle: *mut c_void,
@@ -3328,7 +3328,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDgebrd(
         ) as u32
     }
 }
-///`cusolverDnDgebrd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnDgebrd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDgebrd_bufferSize(
     handle: *mut c_void,
@@ -3348,7 +3348,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDgebrd_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnDgeqrf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnDgeqrf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDgeqrf(
     handle: *mut c_void,
@@ -3378,7 +3378,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDgeqrf(
         ) as u32
     }
 }
-///`cusolverDnDgeqrf_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnDgeqrf_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDgeqrf_bufferSize(
     handle: *mut c_void,
@@ -3402,7 +3402,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDgeqrf_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnDgesvd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnDgesvd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDgesvd(
     handle: *mut c_void,
@@ -3446,7 +3446,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDgesvd(
         ) as u32
     }
 }
-///`cusolverDnDgesvd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnDgesvd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDgesvd_bufferSize(
     handle: *mut c_void,
@@ -3466,7 +3466,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDgesvd_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnDgesvdaStridedBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnDgesvdaStridedBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDgesvdaStridedBatched(
     handle: *mut c_void,
@@ -3520,7 +3520,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDgesvdaStridedBatched(
         ) as u32
     }
 }
-///`cusolverDnDgesvdaStridedBatched_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnDgesvdaStridedBatched_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDgesvdaStridedBatched_bufferSize(
     handle: *mut c_void,
@@ -3568,7 +3568,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDgesvdaStridedBatched_buff
         ) as u32
     }
 }
-///`cusolverDnDgesvdj` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnDgesvdj` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDgesvdj(
     handle: *mut c_void,
@@ -3612,7 +3612,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDgesvdj(
         ) as u32
     }
 }
-///`cusolverDnDgesvdjBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnDgesvdjBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDgesvdjBatched(
     handle: *mut c_void,
@@ -3656,7 +3656,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDgesvdjBatched(
         ) as u32
     }
 }
-///`cusolverDnDgesvdjBatched_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnDgesvdjBatched_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDgesvdjBatched_bufferSize(
     handle: *mut c_void,
@@ -3696,7 +3696,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDgesvdjBatched_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnDgesvdj_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnDgesvdj_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDgesvdj_bufferSize(
     handle: *mut c_void,
@@ -3736,7 +3736,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDgesvdj_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnDgetrf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnDgetrf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDgetrf(
     handle: *mut c_void,
@@ -3764,7 +3764,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDgetrf(
         ) as u32
     }
 }
-///`cusolverDnDgetrf_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnDgetrf_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDgetrf_bufferSize(
     handle: *mut c_void,
@@ -3788,7 +3788,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDgetrf_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnDgetrs` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnDgetrs` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDgetrs(
     handle: *mut c_void,
@@ -3820,7 +3820,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDgetrs(
         ) as u32
     }
 }
-///`cusolverDnDlaswp` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnDlaswp` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDlaswp(
     handle: *mut c_void,
@@ -3848,7 +3848,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDlaswp(
         ) as u32
     }
 }
-///`cusolverDnDlauum` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnDlauum` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDlauum(
     handle: *mut c_void,
@@ -3876,7 +3876,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDlauum(
         ) as u32
     }
 }
-///`cusolverDnDlauum_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnDlauum_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDlauum_bufferSize(
     handle: *mut c_void,
@@ -3900,7 +3900,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDlauum_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnDorgbr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnDorgbr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDorgbr(
     handle: *mut c_void,
@@ -3934,7 +3934,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDorgbr(
         ) as u32
     }
 }
-///`cusolverDnDorgbr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnDorgbr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDorgbr_bufferSize(
     handle: *mut c_void,
@@ -3964,7 +3964,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDorgbr_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnDorgqr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnDorgqr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDorgqr(
     handle: *mut c_void,
@@ -3996,7 +3996,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDorgqr(
         ) as u32
     }
 }
-///`cusolverDnDorgqr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnDorgqr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDorgqr_bufferSize(
     handle: *mut c_void,
@@ -4024,7 +4024,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDorgqr_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnDorgtr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnDorgtr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDorgtr(
     handle: *mut c_void,
@@ -4054,7 +4054,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDorgtr(
         ) as u32
     }
 }
-///`cusolverDnDorgtr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnDorgtr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDorgtr_bufferSize(
     handle: *mut c_void,
@@ -4080,7 +4080,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDorgtr_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnDormqr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnDormqr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDormqr(
     handle: *mut c_void,
@@ -4120,7 +4120,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDormqr(
         ) as u32
     }
 }
-///`cusolverDnDormqr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnDormqr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDormqr_bufferSize(
     handle: *mut c_void,
@@ -4156,7 +4156,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDormqr_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnDormtr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnDormtr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDormtr(
     handle: *mut c_void,
@@ -4196,7 +4196,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDormtr(
         ) as u32
     }
 }
-///`cusolverDnDormtr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnDormtr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDormtr_bufferSize(
     handle: *mut c_void,
@@ -4232,7 +4232,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDormtr_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnDpotrf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnDpotrf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDpotrf(
     handle: *mut c_void,
@@ -4260,7 +4260,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDpotrf(
         ) as u32
     }
 }
-///`cusolverDnDpotrfBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnDpotrfBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDpotrfBatched(
     handle: *mut c_void,
@@ -4286,7 +4286,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDpotrfBatched(
         ) as u32
     }
 }
-///`cusolverDnDpotrf_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnDpotrf_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDpotrf_bufferSize(
     handle: *mut c_void,
@@ -4310,7 +4310,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDpotrf_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnDpotri` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnDpotri` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDpotri(
     handle: *mut c_void,
@@ -4338,7 +4338,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDpotri(
         ) as u32
     }
 }
-///`cusolverDnDpotri_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnDpotri_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDpotri_bufferSize(
     handle: *mut c_void,
@@ -4362,7 +4362,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDpotri_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnDpotrs` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnDpotrs` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDpotrs(
     handle: *mut c_void,
@@ -4392,7 +4392,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDpotrs(
         ) as u32
     }
 }
-///`cusolverDnDpotrsBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnDpotrsBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDpotrsBatched(
     handle: *mut c_void,
@@ -4424,7 +4424,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDpotrsBatched(
         ) as u32
     }
 }
-///`cusolverDnDsyevd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnDsyevd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsyevd(
     handle: *mut c_void,
@@ -4456,7 +4456,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsyevd(
         ) as u32
     }
 }
-///`cusolverDnDsyevd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnDsyevd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsyevd_bufferSize(
     handle: *mut c_void,
@@ -4484,7 +4484,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsyevd_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnDsyevdx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnDsyevdx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsyevdx(
     handle: *mut c_void,
@@ -4528,7 +4528,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsyevdx(
         ) as u32
     }
 }
-///`cusolverDnDsyevdx_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnDsyevdx_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsyevdx_bufferSize(
     handle: *mut c_void,
@@ -4568,7 +4568,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsyevdx_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnDsyevj` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnDsyevj` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsyevj(
     handle: *mut c_void,
@@ -4602,7 +4602,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsyevj(
         ) as u32
     }
 }
-///`cusolverDnDsyevjBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnDsyevjBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsyevjBatched(
     handle: *mut c_void,
@@ -4638,7 +4638,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsyevjBatched(
         ) as u32
     }
 }
-///`cusolverDnDsyevjBatched_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnDsyevjBatched_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsyevjBatched_bufferSize(
     handle: *mut c_void,
@@ -4670,7 +4670,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsyevjBatched_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnDsyevj_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnDsyevj_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsyevj_bufferSize(
     handle: *mut c_void,
@@ -4700,7 +4700,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsyevj_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnDsygvd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnDsygvd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsygvd(
     handle: *mut c_void,
@@ -4738,7 +4738,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsygvd(
         ) as u32
     }
 }
-///`cusolverDnDsygvd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnDsygvd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsygvd_bufferSize(
     handle: *mut c_void,
@@ -4772,7 +4772,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsygvd_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnDsygvdx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnDsygvdx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsygvdx(
     handle: *mut c_void,
@@ -4822,7 +4822,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsygvdx(
         ) as u32
     }
 }
-///`cusolverDnDsygvdx_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnDsygvdx_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsygvdx_bufferSize(
     handle: *mut c_void,
@@ -4868,7 +4868,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsygvdx_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnDsygvj` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnDsygvj` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsygvj(
     handle: *mut c_void,
@@ -4908,7 +4908,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsygvj(
         ) as u32
     }
 }
-///`cusolverDnDsygvj_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnDsygvj_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsygvj_bufferSize(
     handle: *mut c_void,
@@ -4944,7 +4944,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsygvj_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnDsytrd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnDsytrd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsytrd(
     handle: *mut c_void,
@@ -4978,7 +4978,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsytrd(
         ) as u32
     }
 }
-///`cusolverDnDsytrd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnDsytrd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsytrd_bufferSize(
     handle: *mut c_void,
@@ -5008,7 +5008,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsytrd_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnDsytrf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnDsytrf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsytrf(
     handle: *mut c_void,
@@ -5038,7 +5038,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsytrf(
         ) as u32
     }
 }
-///`cusolverDnDsytrf_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnDsytrf_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsytrf_bufferSize(
     handle: *mut c_void,
@@ -5060,7 +5060,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsytrf_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnDsytri` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnDsytri` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsytri(
     handle: *mut c_void,
@@ -5090,7 +5090,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsytri(
         ) as u32
     }
 }
-///`cusolverDnDsytri_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnDsytri_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnDsytri_bufferSize(
     handle: *mut c_void,
@@ -5292,7 +5292,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnGesvd_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnGetDeterministicMode` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnGetDeterministicMode` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnGetDeterministicMode(
     handle: *mut c_void,
@@ -5305,7 +5305,20 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnGetDeterministicMode(
         ) as u32
     }
 }
-///`cusolverDnGetEmulationStrategy` for CUDA 13.0, 13.1 (sync).
+///`cusolverDnGetEmulationSpecialValuesSupport` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnGetEmulationSpecialValuesSupport(
+    handle: *mut c_void,
+    mask: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnGetEmulationSpecialValuesSupport,
+            &[(handle) as usize as u64, (mask) as usize as u64],
+        ) as u32
+    }
+}
+///`cusolverDnGetEmulationStrategy` for CUDA 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnGetEmulationStrategy(
     handle: *mut c_void,
@@ -5318,7 +5331,46 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnGetEmulationStrategy(
         ) as u32
     }
 }
-///`cusolverDnGetMathMode` for CUDA 13.0, 13.1 (sync).
+///`cusolverDnGetFixedPointEmulationMantissaBitOffset` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnGetFixedPointEmulationMantissaBitOffset(
+    handle: *mut c_void,
+    mantissaBitOffset: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnGetFixedPointEmulationMantissaBitOffset,
+            &[(handle) as usize as u64, (mantissaBitOffset) as usize as u64],
+        ) as u32
+    }
+}
+///`cusolverDnGetFixedPointEmulationMantissaControl` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnGetFixedPointEmulationMantissaControl(
+    handle: *mut c_void,
+    control: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnGetFixedPointEmulationMantissaControl,
+            &[(handle) as usize as u64, (control) as usize as u64],
+        ) as u32
+    }
+}
+///`cusolverDnGetFixedPointEmulationMaxMantissaBitCount` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnGetFixedPointEmulationMaxMantissaBitCount(
+    handle: *mut c_void,
+    mantissaBitCount: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnGetFixedPointEmulationMaxMantissaBitCount,
+            &[(handle) as usize as u64, (mantissaBitCount) as usize as u64],
+        ) as u32
+    }
+}
+///`cusolverDnGetMathMode` for CUDA 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnGetMathMode(
     handle: *mut c_void,
@@ -5331,7 +5383,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnGetMathMode(
         ) as u32
     }
 }
-///`cusolverDnGetStream` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnGetStream` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnGetStream(
     handle: *mut c_void,
@@ -5448,7 +5500,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnGetrs(
         ) as u32
     }
 }
-///`cusolverDnIRSInfosCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnIRSInfosCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSInfosCreate(
     infos_ptr: *mut c_void,
@@ -5460,7 +5512,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSInfosCreate(
         ) as u32
     }
 }
-///`cusolverDnIRSInfosDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnIRSInfosDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSInfosDestroy(
     infos: *mut c_void,
@@ -5472,7 +5524,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSInfosDestroy(
         ) as u32
     }
 }
-///`cusolverDnIRSInfosGetMaxIters` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnIRSInfosGetMaxIters` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSInfosGetMaxIters(
     infos: *mut c_void,
@@ -5485,7 +5537,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSInfosGetMaxIters(
         ) as u32
     }
 }
-///`cusolverDnIRSInfosGetNiters` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnIRSInfosGetNiters` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSInfosGetNiters(
     infos: *mut c_void,
@@ -5498,7 +5550,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSInfosGetNiters(
         ) as u32
     }
 }
-///`cusolverDnIRSInfosGetOuterNiters` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnIRSInfosGetOuterNiters` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSInfosGetOuterNiters(
     infos: *mut c_void,
@@ -5511,7 +5563,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSInfosGetOuterNiters(
         ) as u32
     }
 }
-///`cusolverDnIRSInfosRequestResidual` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnIRSInfosRequestResidual` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSInfosRequestResidual(
     infos: *mut c_void,
@@ -5523,7 +5575,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSInfosRequestResidual(
         ) as u32
     }
 }
-///`cusolverDnIRSParamsCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnIRSParamsCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSParamsCreate(
     params_ptr: *mut c_void,
@@ -5535,7 +5587,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSParamsCreate(
         ) as u32
     }
 }
-///`cusolverDnIRSParamsDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnIRSParamsDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSParamsDestroy(
     params: *mut c_void,
@@ -5547,7 +5599,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSParamsDestroy(
         ) as u32
     }
 }
-///`cusolverDnIRSParamsDisableFallback` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnIRSParamsDisableFallback` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSParamsDisableFallback(
     params: *mut c_void,
@@ -5559,7 +5611,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSParamsDisableFallback(
         ) as u32
     }
 }
-///`cusolverDnIRSParamsEnableFallback` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnIRSParamsEnableFallback` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSParamsEnableFallback(
     params: *mut c_void,
@@ -5571,7 +5623,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSParamsEnableFallback(
         ) as u32
     }
 }
-///`cusolverDnIRSParamsGetMaxIters` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnIRSParamsGetMaxIters` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSParamsGetMaxIters(
     params: *mut c_void,
@@ -5584,7 +5636,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSParamsGetMaxIters(
         ) as u32
     }
 }
-///`cusolverDnIRSParamsSetMaxIters` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnIRSParamsSetMaxIters` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSParamsSetMaxIters(
     params: *mut c_void,
@@ -5597,7 +5649,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSParamsSetMaxIters(
         ) as u32
     }
 }
-///`cusolverDnIRSParamsSetMaxItersInner` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnIRSParamsSetMaxItersInner` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSParamsSetMaxItersInner(
     params: *mut c_void,
@@ -5610,7 +5662,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSParamsSetMaxItersInner(
         ) as u32
     }
 }
-///`cusolverDnIRSParamsSetRefinementSolver` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnIRSParamsSetRefinementSolver` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSParamsSetRefinementSolver(
     params: *mut c_void,
@@ -5623,7 +5675,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSParamsSetRefinementSolv
         ) as u32
     }
 }
-///`cusolverDnIRSParamsSetSolverLowestPrecision` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnIRSParamsSetSolverLowestPrecision` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSParamsSetSolverLowestPrecision(
     params: *mut c_void,
@@ -5636,7 +5688,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSParamsSetSolverLowestPr
         ) as u32
     }
 }
-///`cusolverDnIRSParamsSetSolverMainPrecision` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnIRSParamsSetSolverMainPrecision` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSParamsSetSolverMainPrecision(
     params: *mut c_void,
@@ -5649,7 +5701,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSParamsSetSolverMainPrec
         ) as u32
     }
 }
-///`cusolverDnIRSParamsSetSolverPrecisions` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnIRSParamsSetSolverPrecisions` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSParamsSetSolverPrecisions(
     params: *mut c_void,
@@ -5667,7 +5719,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSParamsSetSolverPrecisio
         ) as u32
     }
 }
-///`cusolverDnIRSParamsSetTol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnIRSParamsSetTol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSParamsSetTol(
     params: *mut c_void,
@@ -5680,7 +5732,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSParamsSetTol(
         ) as u32
     }
 }
-///`cusolverDnIRSParamsSetTolInner` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnIRSParamsSetTolInner` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSParamsSetTolInner(
     params: *mut c_void,
@@ -5693,7 +5745,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSParamsSetTolInner(
         ) as u32
     }
 }
-///`cusolverDnIRSXgels` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnIRSXgels` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSXgels(
     handle: *mut c_void,
@@ -5737,7 +5789,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSXgels(
         ) as u32
     }
 }
-///`cusolverDnIRSXgels_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnIRSXgels_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSXgels_bufferSize(
     handle: *mut c_void,
@@ -5761,7 +5813,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSXgels_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnIRSXgesv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnIRSXgesv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSXgesv(
     handle: *mut c_void,
@@ -5803,7 +5855,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSXgesv(
         ) as u32
     }
 }
-///`cusolverDnIRSXgesv_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnIRSXgesv_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSXgesv_bufferSize(
     handle: *mut c_void,
@@ -5825,7 +5877,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnIRSXgesv_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnLoggerForceDisable` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnLoggerForceDisable` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnLoggerForceDisable() -> u32 {
     unsafe {
@@ -5835,7 +5887,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnLoggerForceDisable() -> u3
         ) as u32
     }
 }
-///`cusolverDnLoggerSetLevel` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnLoggerSetLevel` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnLoggerSetLevel(level: i32) -> u32 {
     unsafe {
@@ -5845,7 +5897,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnLoggerSetLevel(level: i32)
         ) as u32
     }
 }
-///`cusolverDnLoggerSetMask` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnLoggerSetMask` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnLoggerSetMask(mask: i32) -> u32 {
     unsafe {
@@ -5955,7 +6007,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnPotrs(
         ) as u32
     }
 }
-///`cusolverDnSBgels` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnSBgels` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSBgels(
     handle: *mut c_void,
@@ -5995,7 +6047,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSBgels(
         ) as u32
     }
 }
-///`cusolverDnSBgels_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnSBgels_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSBgels_bufferSize(
     handle: *mut c_void,
@@ -6031,7 +6083,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSBgels_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnSBgesv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnSBgesv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSBgesv(
     handle: *mut c_void,
@@ -6071,7 +6123,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSBgesv(
         ) as u32
     }
 }
-///`cusolverDnSBgesv_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnSBgesv_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSBgesv_bufferSize(
     handle: *mut c_void,
@@ -6107,7 +6159,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSBgesv_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnSHgels` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnSHgels` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSHgels(
     handle: *mut c_void,
@@ -6147,7 +6199,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSHgels(
         ) as u32
     }
 }
-///`cusolverDnSHgels_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnSHgels_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSHgels_bufferSize(
     handle: *mut c_void,
@@ -6183,7 +6235,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSHgels_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnSHgesv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnSHgesv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSHgesv(
     handle: *mut c_void,
@@ -6223,7 +6275,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSHgesv(
         ) as u32
     }
 }
-///`cusolverDnSHgesv_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnSHgesv_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSHgesv_bufferSize(
     handle: *mut c_void,
@@ -6259,7 +6311,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSHgesv_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnSSgels` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnSSgels` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSSgels(
     handle: *mut c_void,
@@ -6299,7 +6351,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSSgels(
         ) as u32
     }
 }
-///`cusolverDnSSgels_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnSSgels_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSSgels_bufferSize(
     handle: *mut c_void,
@@ -6335,7 +6387,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSSgels_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnSSgesv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnSSgesv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSSgesv(
     handle: *mut c_void,
@@ -6375,7 +6427,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSSgesv(
         ) as u32
     }
 }
-///`cusolverDnSSgesv_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnSSgesv_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSSgesv_bufferSize(
     handle: *mut c_void,
@@ -6411,7 +6463,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSSgesv_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnSXgels` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnSXgels` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSXgels(
     handle: *mut c_void,
@@ -6451,7 +6503,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSXgels(
         ) as u32
     }
 }
-///`cusolverDnSXgels_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnSXgels_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSXgels_bufferSize(
     handle: *mut c_void,
@@ -6487,7 +6539,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSXgels_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnSXgesv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnSXgesv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSXgesv(
     handle: *mut c_void,
@@ -6527,7 +6579,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSXgesv(
         ) as u32
     }
 }
-///`cusolverDnSXgesv_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnSXgesv_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSXgesv_bufferSize(
     handle: *mut c_void,
@@ -6563,7 +6615,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSXgesv_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnSetAdvOptions` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnSetAdvOptions` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSetAdvOptions(
     params: *mut c_void,
@@ -6577,7 +6629,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSetAdvOptions(
         ) as u32
     }
 }
-///`cusolverDnSetDeterministicMode` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnSetDeterministicMode` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSetDeterministicMode(
     handle: *mut c_void,
@@ -6590,7 +6642,20 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSetDeterministicMode(
         ) as u32
     }
 }
-///`cusolverDnSetEmulationStrategy` for CUDA 13.0, 13.1 (async).
+///`cusolverDnSetEmulationSpecialValuesSupport` for CUDA 13.5 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSetEmulationSpecialValuesSupport(
+    handle: *mut c_void,
+    mask: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSetEmulationSpecialValuesSupport,
+            &[(handle) as usize as u64, (mask) as u64],
+        ) as u32
+    }
+}
+///`cusolverDnSetEmulationStrategy` for CUDA 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSetEmulationStrategy(
     handle: *mut c_void,
@@ -6603,7 +6668,46 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSetEmulationStrategy(
         ) as u32
     }
 }
-///`cusolverDnSetMathMode` for CUDA 13.0, 13.1 (async).
+///`cusolverDnSetFixedPointEmulationMantissaBitOffset` for CUDA 13.5 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSetFixedPointEmulationMantissaBitOffset(
+    handle: *mut c_void,
+    mantissaBitOffset: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSetFixedPointEmulationMantissaBitOffset,
+            &[(handle) as usize as u64, (mantissaBitOffset) as i64 as u64],
+        ) as u32
+    }
+}
+///`cusolverDnSetFixedPointEmulationMantissaControl` for CUDA 13.5 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSetFixedPointEmulationMantissaControl(
+    handle: *mut c_void,
+    control: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSetFixedPointEmulationMantissaControl,
+            &[(handle) as usize as u64, (control) as u64],
+        ) as u32
+    }
+}
+///`cusolverDnSetFixedPointEmulationMaxMantissaBitCount` for CUDA 13.5 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSetFixedPointEmulationMaxMantissaBitCount(
+    handle: *mut c_void,
+    mantissaBitCount: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnSetFixedPointEmulationMaxMantissaBitCount,
+            &[(handle) as usize as u64, (mantissaBitCount) as i64 as u64],
+        ) as u32
+    }
+}
+///`cusolverDnSetMathMode` for CUDA 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSetMathMode(
     handle: *mut c_void,
@@ -6616,7 +6720,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSetMathMode(
         ) as u32
     }
 }
-///`cusolverDnSetStream` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnSetStream` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSetStream(
     handle: *mut c_void,
@@ -6629,7 +6733,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSetStream(
         ) as u32
     }
 }
-///`cusolverDnSgebrd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnSgebrd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSgebrd(
     handle: *mut c_void,
@@ -6665,7 +6769,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSgebrd(
         ) as u32
     }
 }
-///`cusolverDnSgebrd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnSgebrd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSgebrd_bufferSize(
     handle: *mut c_void,
@@ -6685,7 +6789,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSgebrd_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnSgeqrf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnSgeqrf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSgeqrf(
     handle: *mut c_void,
@@ -6715,7 +6819,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSgeqrf(
         ) as u32
     }
 }
-///`cusolverDnSgeqrf_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnSgeqrf_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSgeqrf_bufferSize(
     handle: *mut c_void,
@@ -6739,7 +6843,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSgeqrf_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnSgesvd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnSgesvd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSgesvd(
     handle: *mut c_void,
@@ -6783,7 +6887,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSgesvd(
         ) as u32
     }
 }
-///`cusolverDnSgesvd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnSgesvd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSgesvd_bufferSize(
     handle: *mut c_void,
@@ -6803,7 +6907,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSgesvd_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnSgesvdaStridedBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnSgesvdaStridedBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSgesvdaStridedBatched(
     handle: *mut c_void,
@@ -6857,7 +6961,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSgesvdaStridedBatched(
         ) as u32
     }
 }
-///`cusolverDnSgesvdaStridedBatched_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnSgesvdaStridedBatched_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSgesvdaStridedBatched_bufferSize(
     handle: *mut c_void,
@@ -6905,7 +7009,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSgesvdaStridedBatched_buff
         ) as u32
     }
 }
-///`cusolverDnSgesvdj` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnSgesvdj` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSgesvdj(
     handle: *mut c_void,
@@ -6949,7 +7053,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSgesvdj(
         ) as u32
     }
 }
-///`cusolverDnSgesvdjBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnSgesvdjBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSgesvdjBatched(
     handle: *mut c_void,
@@ -6993,7 +7097,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSgesvdjBatched(
         ) as u32
     }
 }
-///`cusolverDnSgesvdjBatched_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnSgesvdjBatched_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSgesvdjBatched_bufferSize(
     handle: *mut c_void,
@@ -7033,7 +7137,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSgesvdjBatched_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnSgesvdj_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnSgesvdj_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSgesvdj_bufferSize(
     handle: *mut c_void,
@@ -7073,7 +7177,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSgesvdj_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnSgetrf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnSgetrf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSgetrf(
     handle: *mut c_void,
@@ -7101,7 +7205,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSgetrf(
         ) as u32
     }
 }
-///`cusolverDnSgetrf_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnSgetrf_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSgetrf_bufferSize(
     handle: *mut c_void,
@@ -7125,7 +7229,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSgetrf_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnSgetrs` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnSgetrs` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSgetrs(
     handle: *mut c_void,
@@ -7157,7 +7261,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSgetrs(
         ) as u32
     }
 }
-///`cusolverDnSlaswp` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnSlaswp` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSlaswp(
     handle: *mut c_void,
@@ -7185,7 +7289,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSlaswp(
         ) as u32
     }
 }
-///`cusolverDnSlauum` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnSlauum` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSlauum(
     handle: *mut c_void,
@@ -7213,7 +7317,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSlauum(
         ) as u32
     }
 }
-///`cusolverDnSlauum_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnSlauum_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSlauum_bufferSize(
     handle: *mut c_void,
@@ -7237,7 +7341,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSlauum_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnSorgbr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnSorgbr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSorgbr(
     handle: *mut c_void,
@@ -7271,7 +7375,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSorgbr(
         ) as u32
     }
 }
-///`cusolverDnSorgbr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnSorgbr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSorgbr_bufferSize(
     handle: *mut c_void,
@@ -7301,7 +7405,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSorgbr_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnSorgqr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnSorgqr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSorgqr(
     handle: *mut c_void,
@@ -7333,7 +7437,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSorgqr(
         ) as u32
     }
 }
-///`cusolverDnSorgqr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnSorgqr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSorgqr_bufferSize(
     handle: *mut c_void,
@@ -7361,7 +7465,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSorgqr_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnSorgtr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnSorgtr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSorgtr(
     handle: *mut c_void,
@@ -7391,7 +7495,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSorgtr(
         ) as u32
     }
 }
-///`cusolverDnSorgtr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnSorgtr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSorgtr_bufferSize(
     handle: *mut c_void,
@@ -7417,7 +7521,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSorgtr_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnSormqr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnSormqr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSormqr(
     handle: *mut c_void,
@@ -7457,7 +7561,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSormqr(
         ) as u32
     }
 }
-///`cusolverDnSormqr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnSormqr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSormqr_bufferSize(
     handle: *mut c_void,
@@ -7493,7 +7597,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSormqr_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnSormtr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnSormtr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSormtr(
     handle: *mut c_void,
@@ -7533,7 +7637,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSormtr(
         ) as u32
     }
 }
-///`cusolverDnSormtr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnSormtr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSormtr_bufferSize(
     handle: *mut c_void,
@@ -7569,7 +7673,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSormtr_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnSpotrf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnSpotrf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSpotrf(
     handle: *mut c_void,
@@ -7597,7 +7701,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSpotrf(
         ) as u32
     }
 }
-///`cusolverDnSpotrfBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnSpotrfBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSpotrfBatched(
     handle: *mut c_void,
@@ -7623,7 +7727,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSpotrfBatched(
         ) as u32
     }
 }
-///`cusolverDnSpotrf_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnSpotrf_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSpotrf_bufferSize(
     handle: *mut c_void,
@@ -7647,7 +7751,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSpotrf_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnSpotri` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnSpotri` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSpotri(
     handle: *mut c_void,
@@ -7675,7 +7779,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSpotri(
         ) as u32
     }
 }
-///`cusolverDnSpotri_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnSpotri_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSpotri_bufferSize(
     handle: *mut c_void,
@@ -7699,7 +7803,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSpotri_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnSpotrs` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnSpotrs` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSpotrs(
     handle: *mut c_void,
@@ -7729,7 +7833,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSpotrs(
         ) as u32
     }
 }
-///`cusolverDnSpotrsBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnSpotrsBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSpotrsBatched(
     handle: *mut c_void,
@@ -7761,7 +7865,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSpotrsBatched(
         ) as u32
     }
 }
-///`cusolverDnSsyevd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnSsyevd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsyevd(
     handle: *mut c_void,
@@ -7793,7 +7897,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsyevd(
         ) as u32
     }
 }
-///`cusolverDnSsyevd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnSsyevd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsyevd_bufferSize(
     handle: *mut c_void,
@@ -7821,7 +7925,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsyevd_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnSsyevdx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnSsyevdx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsyevdx(
     handle: *mut c_void,
@@ -7865,7 +7969,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsyevdx(
         ) as u32
     }
 }
-///`cusolverDnSsyevdx_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnSsyevdx_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsyevdx_bufferSize(
     handle: *mut c_void,
@@ -7905,7 +8009,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsyevdx_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnSsyevj` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnSsyevj` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsyevj(
     handle: *mut c_void,
@@ -7939,7 +8043,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsyevj(
         ) as u32
     }
 }
-///`cusolverDnSsyevjBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnSsyevjBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsyevjBatched(
     handle: *mut c_void,
@@ -7975,7 +8079,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsyevjBatched(
         ) as u32
     }
 }
-///`cusolverDnSsyevjBatched_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnSsyevjBatched_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsyevjBatched_bufferSize(
     handle: *mut c_void,
@@ -8007,7 +8111,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsyevjBatched_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnSsyevj_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnSsyevj_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsyevj_bufferSize(
     handle: *mut c_void,
@@ -8037,7 +8141,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsyevj_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnSsygvd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnSsygvd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsygvd(
     handle: *mut c_void,
@@ -8075,7 +8179,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsygvd(
         ) as u32
     }
 }
-///`cusolverDnSsygvd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnSsygvd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsygvd_bufferSize(
     handle: *mut c_void,
@@ -8109,7 +8213,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsygvd_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnSsygvdx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnSsygvdx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsygvdx(
     handle: *mut c_void,
@@ -8159,7 +8263,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsygvdx(
         ) as u32
     }
 }
-///`cusolverDnSsygvdx_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnSsygvdx_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsygvdx_bufferSize(
     handle: *mut c_void,
@@ -8205,7 +8309,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsygvdx_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnSsygvj` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnSsygvj` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsygvj(
     handle: *mut c_void,
@@ -8245,7 +8349,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsygvj(
         ) as u32
     }
 }
-///`cusolverDnSsygvj_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnSsygvj_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsygvj_bufferSize(
     handle: *mut c_void,
@@ -8281,7 +8385,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsygvj_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnSsytrd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnSsytrd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsytrd(
     handle: *mut c_void,
@@ -8315,7 +8419,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsytrd(
         ) as u32
     }
 }
-///`cusolverDnSsytrd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnSsytrd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsytrd_bufferSize(
     handle: *mut c_void,
@@ -8345,7 +8449,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsytrd_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnSsytrf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnSsytrf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsytrf(
     handle: *mut c_void,
@@ -8375,7 +8479,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsytrf(
         ) as u32
     }
 }
-///`cusolverDnSsytrf_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnSsytrf_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsytrf_bufferSize(
     handle: *mut c_void,
@@ -8397,7 +8501,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsytrf_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnSsytri` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnSsytri` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsytri(
     handle: *mut c_void,
@@ -8427,7 +8531,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsytri(
         ) as u32
     }
 }
-///`cusolverDnSsytri_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnSsytri_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSsytri_bufferSize(
     handle: *mut c_void,
@@ -8629,7 +8733,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnSyevdx_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnXgeev` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverDnXgeev` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgeev(
     handle: *mut c_void,
@@ -8659,7 +8763,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgeev(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverDnXgeev",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverDnXgeev__async,
@@ -8703,7 +8807,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgeev(
         }) as u32
     }
 }
-///`cusolverDnXgeev_bufferSize` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnXgeev_bufferSize` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgeev_bufferSize(
     handle: *mut c_void,
@@ -8753,7 +8857,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgeev_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnXgeqrf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverDnXgeqrf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgeqrf(
     handle: *mut c_void,
@@ -8776,7 +8880,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgeqrf(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverDnXgeqrf",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverDnXgeqrf__async,
@@ -8813,7 +8917,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgeqrf(
         }) as u32
     }
 }
-///`cusolverDnXgeqrf_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnXgeqrf_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgeqrf_bufferSize(
     handle: *mut c_void,
@@ -8849,7 +8953,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgeqrf_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnXgesvd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverDnXgesvd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgesvd(
     handle: *mut c_void,
@@ -8880,7 +8984,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgesvd(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverDnXgesvd",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverDnXgesvd__async,
@@ -8925,7 +9029,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgesvd(
         }) as u32
     }
 }
-///`cusolverDnXgesvd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnXgesvd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgesvd_bufferSize(
     handle: *mut c_void,
@@ -8977,7 +9081,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgesvd_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnXgesvdjGetResidual` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnXgesvdjGetResidual` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgesvdjGetResidual(
     handle: *mut c_void,
@@ -8995,7 +9099,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgesvdjGetResidual(
         ) as u32
     }
 }
-///`cusolverDnXgesvdjGetSweeps` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnXgesvdjGetSweeps` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgesvdjGetSweeps(
     handle: *mut c_void,
@@ -9013,7 +9117,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgesvdjGetSweeps(
         ) as u32
     }
 }
-///`cusolverDnXgesvdjSetMaxSweeps` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnXgesvdjSetMaxSweeps` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgesvdjSetMaxSweeps(
     info: *mut c_void,
@@ -9026,7 +9130,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgesvdjSetMaxSweeps(
         ) as u32
     }
 }
-///`cusolverDnXgesvdjSetSortEig` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnXgesvdjSetSortEig` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgesvdjSetSortEig(
     info: *mut c_void,
@@ -9039,7 +9143,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgesvdjSetSortEig(
         ) as u32
     }
 }
-///`cusolverDnXgesvdjSetTolerance` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnXgesvdjSetTolerance` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgesvdjSetTolerance(
     info: *mut c_void,
@@ -9052,7 +9156,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgesvdjSetTolerance(
         ) as u32
     }
 }
-///`cusolverDnXgesvdp` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnXgesvdp` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgesvdp(
     handle: *mut c_void,
@@ -9112,7 +9216,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgesvdp(
         ) as u32
     }
 }
-///`cusolverDnXgesvdp_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnXgesvdp_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgesvdp_bufferSize(
     handle: *mut c_void,
@@ -9164,7 +9268,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgesvdp_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnXgesvdr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverDnXgesvdr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgesvdr(
     handle: *mut c_void,
@@ -9198,7 +9302,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgesvdr(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverDnXgesvdr",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverDnXgesvdr__async,
@@ -9246,7 +9350,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgesvdr(
         }) as u32
     }
 }
-///`cusolverDnXgesvdr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnXgesvdr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgesvdr_bufferSize(
     handle: *mut c_void,
@@ -9304,7 +9408,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgesvdr_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnXgetrf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverDnXgetrf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgetrf(
     handle: *mut c_void,
@@ -9326,7 +9430,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgetrf(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverDnXgetrf",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverDnXgetrf__async,
@@ -9362,7 +9466,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgetrf(
         }) as u32
     }
 }
-///`cusolverDnXgetrf_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnXgetrf_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgetrf_bufferSize(
     handle: *mut c_void,
@@ -9394,7 +9498,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgetrf_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnXgetrs` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnXgetrs` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgetrs(
     handle: *mut c_void,
@@ -9432,7 +9536,167 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXgetrs(
         ) as u32
     }
 }
-///`cusolverDnXlarft` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverDnXhetrf` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXhetrf(
+    handle: *mut c_void,
+    params: *mut c_void,
+    uplo: u32,
+    n: i64,
+    dataTypeA: u32,
+    A: *mut c_void,
+    lda: i64,
+    ipiv: *mut c_void,
+    computeType: u32,
+    bufferOnDevice: *mut c_void,
+    workspaceInBytesOnDevice: usize,
+    bufferOnHost: *mut c_void,
+    workspaceInBytesOnHost: usize,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnXhetrf,
+            &[
+                (handle) as usize as u64,
+                (params) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (dataTypeA) as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (ipiv) as usize as u64,
+                (computeType) as u64,
+                (bufferOnDevice) as usize as u64,
+                (workspaceInBytesOnDevice) as u64,
+                (bufferOnHost) as usize as u64,
+                (workspaceInBytesOnHost) as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnXhetrf_bufferSize` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXhetrf_bufferSize(
+    handle: *mut c_void,
+    params: *mut c_void,
+    uplo: u32,
+    n: i64,
+    dataTypeA: u32,
+    A: *mut c_void,
+    lda: i64,
+    ipiv: *mut c_void,
+    computeType: u32,
+    workspaceInBytesOnDevice: *mut c_void,
+    workspaceInBytesOnHost: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnXhetrf_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (params) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (dataTypeA) as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (ipiv) as usize as u64,
+                (computeType) as u64,
+                (workspaceInBytesOnDevice) as usize as u64,
+                (workspaceInBytesOnHost) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnXhetrs` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXhetrs(
+    handle: *mut c_void,
+    params: *mut c_void,
+    uplo: u32,
+    n: i64,
+    nrhs: i64,
+    dataTypeA: u32,
+    A: *mut c_void,
+    lda: i64,
+    ipiv: *mut c_void,
+    dataTypeB: u32,
+    B: *mut c_void,
+    ldb: i64,
+    bufferOnDevice: *mut c_void,
+    workspaceInBytesOnDevice: usize,
+    bufferOnHost: *mut c_void,
+    workspaceInBytesOnHost: usize,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnXhetrs,
+            &[
+                (handle) as usize as u64,
+                (params) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dataTypeA) as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (ipiv) as usize as u64,
+                (dataTypeB) as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (bufferOnDevice) as usize as u64,
+                (workspaceInBytesOnDevice) as u64,
+                (bufferOnHost) as usize as u64,
+                (workspaceInBytesOnHost) as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnXhetrs_bufferSize` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXhetrs_bufferSize(
+    handle: *mut c_void,
+    params: *mut c_void,
+    uplo: u32,
+    n: i64,
+    nrhs: i64,
+    dataTypeA: u32,
+    A: *mut c_void,
+    lda: i64,
+    ipiv: *mut c_void,
+    dataTypeB: u32,
+    B: *mut c_void,
+    ldb: i64,
+    workspaceInBytesOnDevice: *mut c_void,
+    workspaceInBytesOnHost: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnXhetrs_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (params) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (nrhs) as i64 as u64,
+                (dataTypeA) as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (ipiv) as usize as u64,
+                (dataTypeB) as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (workspaceInBytesOnDevice) as usize as u64,
+                (workspaceInBytesOnHost) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnXlarft` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXlarft(
     handle: *mut c_void,
@@ -9459,7 +9723,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXlarft(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverDnXlarft",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverDnXlarft__async,
@@ -9500,7 +9764,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXlarft(
         }) as u32
     }
 }
-///`cusolverDnXlarft_bufferSize` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnXlarft_bufferSize` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXlarft_bufferSize(
     handle: *mut c_void,
@@ -9546,7 +9810,117 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXlarft_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnXpotrf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverDnXpolar` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXpolar(
+    handle: *mut c_void,
+    params: *mut c_void,
+    uplo: u32,
+    M: i64,
+    N: i64,
+    dataTypeA: u32,
+    A: *mut c_void,
+    lda: i64,
+    dataTypeH: u32,
+    H: *mut c_void,
+    ldh: i64,
+    computeType: u32,
+    bufferOnDevice: *mut c_void,
+    workspaceInBytesOnDevice: usize,
+    bufferOnHost: *mut c_void,
+    workspaceInBytesOnHost: usize,
+    d_res_nrm: *mut c_void,
+    d_A_nrmF: *mut c_void,
+    d_rcond: *mut c_void,
+    d_info: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverDnXpolar",
+                version: "13.5",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverDnXpolar__async,
+                    &chidori_cuda::calls::cusolver::cusolverDnXpolar__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::host_workspace_raw(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (params) as usize as u64,
+                    (uplo) as u64,
+                    (M) as i64 as u64,
+                    (N) as i64 as u64,
+                    (dataTypeA) as u64,
+                    (A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (dataTypeH) as u64,
+                    (H) as usize as u64,
+                    (ldh) as i64 as u64,
+                    (computeType) as u64,
+                    (bufferOnDevice) as usize as u64,
+                    (workspaceInBytesOnDevice) as u64,
+                    (bufferOnHost) as usize as u64,
+                    (workspaceInBytesOnHost) as u64,
+                    (d_res_nrm) as usize as u64,
+                    (d_A_nrmF) as usize as u64,
+                    (d_rcond) as usize as u64,
+                    (d_info) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cusolverDnXpolar_bufferSize` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXpolar_bufferSize(
+    handle: *mut c_void,
+    params: *mut c_void,
+    uplo: u32,
+    M: i64,
+    N: i64,
+    dataTypeA: u32,
+    A: *mut c_void,
+    lda: i64,
+    dataTypeH: u32,
+    H: *mut c_void,
+    ldh: i64,
+    computeType: u32,
+    workspaceInBytesOnDevice: *mut c_void,
+    workspaceInBytesOnHost: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnXpolar_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (params) as usize as u64,
+                (uplo) as u64,
+                (M) as i64 as u64,
+                (N) as i64 as u64,
+                (dataTypeA) as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (dataTypeH) as u64,
+                (H) as usize as u64,
+                (ldh) as i64 as u64,
+                (computeType) as u64,
+                (workspaceInBytesOnDevice) as usize as u64,
+                (workspaceInBytesOnHost) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnXpotrf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXpotrf(
     handle: *mut c_void,
@@ -9567,7 +9941,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXpotrf(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverDnXpotrf",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverDnXpotrf__async,
@@ -9602,7 +9976,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXpotrf(
         }) as u32
     }
 }
-///`cusolverDnXpotrf_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnXpotrf_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXpotrf_bufferSize(
     handle: *mut c_void,
@@ -9634,7 +10008,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXpotrf_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnXpotrs` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnXpotrs` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXpotrs(
     handle: *mut c_void,
@@ -9670,7 +10044,107 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXpotrs(
         ) as u32
     }
 }
-///`cusolverDnXsyevBatched` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverDnXstedc` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXstedc(
+    handle: *mut c_void,
+    params: *mut c_void,
+    compz: u32,
+    n: i64,
+    dataTypeDE: u32,
+    D: *mut c_void,
+    E: *mut c_void,
+    dataTypeZ: u32,
+    Z: *mut c_void,
+    ldz: i64,
+    computeType: u32,
+    bufferOnDevice: *mut c_void,
+    workspaceInBytesOnDevice: usize,
+    bufferOnHost: *mut c_void,
+    workspaceInBytesOnHost: usize,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverDnXstedc",
+                version: "13.5",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverDnXstedc__async,
+                    &chidori_cuda::calls::cusolver::cusolverDnXstedc__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::host_workspace_raw(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (params) as usize as u64,
+                    (compz) as u64,
+                    (n) as i64 as u64,
+                    (dataTypeDE) as u64,
+                    (D) as usize as u64,
+                    (E) as usize as u64,
+                    (dataTypeZ) as u64,
+                    (Z) as usize as u64,
+                    (ldz) as i64 as u64,
+                    (computeType) as u64,
+                    (bufferOnDevice) as usize as u64,
+                    (workspaceInBytesOnDevice) as u64,
+                    (bufferOnHost) as usize as u64,
+                    (workspaceInBytesOnHost) as u64,
+                    (info) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cusolverDnXstedc_bufferSize` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXstedc_bufferSize(
+    handle: *mut c_void,
+    params: *mut c_void,
+    compz: u32,
+    n: i64,
+    dataTypeDE: u32,
+    D: *mut c_void,
+    E: *mut c_void,
+    dataTypeZ: u32,
+    Z: *mut c_void,
+    ldz: i64,
+    computeType: u32,
+    workspaceInBytesOnDevice: *mut c_void,
+    workspaceInBytesOnHost: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnXstedc_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (params) as usize as u64,
+                (compz) as u64,
+                (n) as i64 as u64,
+                (dataTypeDE) as u64,
+                (D) as usize as u64,
+                (E) as usize as u64,
+                (dataTypeZ) as u64,
+                (Z) as usize as u64,
+                (ldz) as i64 as u64,
+                (computeType) as u64,
+                (workspaceInBytesOnDevice) as usize as u64,
+                (workspaceInBytesOnHost) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnXsyevBatched` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsyevBatched(
     handle: *mut c_void,
@@ -9695,7 +10169,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsyevBatched(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverDnXsyevBatched",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverDnXsyevBatched__async,
@@ -9734,7 +10208,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsyevBatched(
         }) as u32
     }
 }
-///`cusolverDnXsyevBatched_bufferSize` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnXsyevBatched_bufferSize` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsyevBatched_bufferSize(
     handle: *mut c_void,
@@ -9774,7 +10248,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsyevBatched_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnXsyevd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverDnXsyevd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsyevd(
     handle: *mut c_void,
@@ -9798,7 +10272,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsyevd(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverDnXsyevd",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverDnXsyevd__async,
@@ -9836,7 +10310,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsyevd(
         }) as u32
     }
 }
-///`cusolverDnXsyevd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnXsyevd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsyevd_bufferSize(
     handle: *mut c_void,
@@ -9874,7 +10348,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsyevd_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnXsyevdx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnXsyevdx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsyevdx(
     handle: *mut c_void,
@@ -9930,7 +10404,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsyevdx(
         ) as u32
     }
 }
-///`cusolverDnXsyevdx_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnXsyevdx_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsyevdx_bufferSize(
     handle: *mut c_void,
@@ -9980,7 +10454,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsyevdx_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnXsyevjGetResidual` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnXsyevjGetResidual` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsyevjGetResidual(
     handle: *mut c_void,
@@ -9998,7 +10472,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsyevjGetResidual(
         ) as u32
     }
 }
-///`cusolverDnXsyevjGetSweeps` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnXsyevjGetSweeps` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsyevjGetSweeps(
     handle: *mut c_void,
@@ -10016,7 +10490,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsyevjGetSweeps(
         ) as u32
     }
 }
-///`cusolverDnXsyevjSetMaxSweeps` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnXsyevjSetMaxSweeps` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsyevjSetMaxSweeps(
     info: *mut c_void,
@@ -10029,7 +10503,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsyevjSetMaxSweeps(
         ) as u32
     }
 }
-///`cusolverDnXsyevjSetSortEig` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnXsyevjSetSortEig` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsyevjSetSortEig(
     info: *mut c_void,
@@ -10042,7 +10516,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsyevjSetSortEig(
         ) as u32
     }
 }
-///`cusolverDnXsyevjSetTolerance` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnXsyevjSetTolerance` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsyevjSetTolerance(
     info: *mut c_void,
@@ -10055,7 +10529,431 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsyevjSetTolerance(
         ) as u32
     }
 }
-///`cusolverDnXsytrs` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverDnXsygvStridedBatched` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsygvStridedBatched(
+    handle: *mut c_void,
+    params: *mut c_void,
+    itype: u32,
+    jobz: u32,
+    uplo: u32,
+    n: i64,
+    dataTypeA: u32,
+    A: *mut c_void,
+    lda: i64,
+    strideA: i64,
+    dataTypeB: u32,
+    B: *mut c_void,
+    ldb: i64,
+    strideB: i64,
+    dataTypeW: u32,
+    W: *mut c_void,
+    strideW: i64,
+    computeType: u32,
+    batchSize: i64,
+    bufferOnDevice: *mut c_void,
+    workspaceInBytesOnDevice: usize,
+    bufferOnHost: *mut c_void,
+    workspaceInBytesOnHost: usize,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnXsygvStridedBatched,
+            &[
+                (handle) as usize as u64,
+                (params) as usize as u64,
+                (itype) as u64,
+                (jobz) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (dataTypeA) as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (strideA) as i64 as u64,
+                (dataTypeB) as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (strideB) as i64 as u64,
+                (dataTypeW) as u64,
+                (W) as usize as u64,
+                (strideW) as i64 as u64,
+                (computeType) as u64,
+                (batchSize) as i64 as u64,
+                (bufferOnDevice) as usize as u64,
+                (workspaceInBytesOnDevice) as u64,
+                (bufferOnHost) as usize as u64,
+                (workspaceInBytesOnHost) as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnXsygvStridedBatched_bufferSize` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsygvStridedBatched_bufferSize(
+    handle: *mut c_void,
+    params: *mut c_void,
+    itype: u32,
+    jobz: u32,
+    uplo: u32,
+    n: i64,
+    dataTypeA: u32,
+    A: *mut c_void,
+    lda: i64,
+    strideA: i64,
+    dataTypeB: u32,
+    B: *mut c_void,
+    ldb: i64,
+    strideB: i64,
+    dataTypeW: u32,
+    W: *mut c_void,
+    strideW: i64,
+    computeType: u32,
+    batchSize: i64,
+    workspaceInBytesOnDevice: *mut c_void,
+    workspaceInBytesOnHost: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnXsygvStridedBatched_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (params) as usize as u64,
+                (itype) as u64,
+                (jobz) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (dataTypeA) as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (strideA) as i64 as u64,
+                (dataTypeB) as u64,
+                (B) as usize as u64,
+                (ldb) as i64 as u64,
+                (strideB) as i64 as u64,
+                (dataTypeW) as u64,
+                (W) as usize as u64,
+                (strideW) as i64 as u64,
+                (computeType) as u64,
+                (batchSize) as i64 as u64,
+                (workspaceInBytesOnDevice) as usize as u64,
+                (workspaceInBytesOnHost) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnXsygvd` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsygvd(
+    handle: *mut c_void,
+    params: *mut c_void,
+    itype: u32,
+    jobz: u32,
+    uplo: u32,
+    n: i64,
+    dataTypeA: u32,
+    d_A: *mut c_void,
+    lda: i64,
+    dataTypeB: u32,
+    d_B: *mut c_void,
+    ldb: i64,
+    dataTypeW: u32,
+    d_W: *mut c_void,
+    computeType: u32,
+    bufferOnDevice: *mut c_void,
+    workspaceInBytesOnDevice: usize,
+    bufferOnHost: *mut c_void,
+    workspaceInBytesOnHost: usize,
+    d_info: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cusolverDnXsygvd",
+                version: "13.5",
+                library: "cusolver",
+                forms: &[
+                    &chidori_cuda::calls::cusolver::cusolverDnXsygvd__async,
+                    &chidori_cuda::calls::cusolver::cusolverDnXsygvd__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 9i64,
+                    unavailable: 1i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::cusolver::host_workspace_raw(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (params) as usize as u64,
+                    (itype) as u64,
+                    (jobz) as u64,
+                    (uplo) as u64,
+                    (n) as i64 as u64,
+                    (dataTypeA) as u64,
+                    (d_A) as usize as u64,
+                    (lda) as i64 as u64,
+                    (dataTypeB) as u64,
+                    (d_B) as usize as u64,
+                    (ldb) as i64 as u64,
+                    (dataTypeW) as u64,
+                    (d_W) as usize as u64,
+                    (computeType) as u64,
+                    (bufferOnDevice) as usize as u64,
+                    (workspaceInBytesOnDevice) as u64,
+                    (bufferOnHost) as usize as u64,
+                    (workspaceInBytesOnHost) as u64,
+                    (d_info) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cusolverDnXsygvd_bufferSize` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsygvd_bufferSize(
+    handle: *mut c_void,
+    params: *mut c_void,
+    itype: u32,
+    jobz: u32,
+    uplo: u32,
+    n: i64,
+    dataTypeA: u32,
+    d_A: *mut c_void,
+    lda: i64,
+    dataTypeB: u32,
+    d_B: *mut c_void,
+    ldb: i64,
+    dataTypeW: u32,
+    d_W: *mut c_void,
+    computeType: u32,
+    workspaceInBytesOnDevice: *mut c_void,
+    workspaceInBytesOnHost: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnXsygvd_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (params) as usize as u64,
+                (itype) as u64,
+                (jobz) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (dataTypeA) as u64,
+                (d_A) as usize as u64,
+                (lda) as i64 as u64,
+                (dataTypeB) as u64,
+                (d_B) as usize as u64,
+                (ldb) as i64 as u64,
+                (dataTypeW) as u64,
+                (d_W) as usize as u64,
+                (computeType) as u64,
+                (workspaceInBytesOnDevice) as usize as u64,
+                (workspaceInBytesOnHost) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnXsygvdx` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsygvdx(
+    handle: *mut c_void,
+    params: *mut c_void,
+    itype: u32,
+    jobz: u32,
+    range: u32,
+    uplo: u32,
+    n: i64,
+    dataTypeA: u32,
+    d_A: *mut c_void,
+    lda: i64,
+    dataTypeB: u32,
+    d_B: *mut c_void,
+    ldb: i64,
+    vl: *mut c_void,
+    vu: *mut c_void,
+    il: i64,
+    iu: i64,
+    meig: *mut c_void,
+    dataTypeW: u32,
+    d_W: *mut c_void,
+    computeType: u32,
+    bufferOnDevice: *mut c_void,
+    workspaceInBytesOnDevice: usize,
+    bufferOnHost: *mut c_void,
+    workspaceInBytesOnHost: usize,
+    d_info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnXsygvdx,
+            &[
+                (handle) as usize as u64,
+                (params) as usize as u64,
+                (itype) as u64,
+                (jobz) as u64,
+                (range) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (dataTypeA) as u64,
+                (d_A) as usize as u64,
+                (lda) as i64 as u64,
+                (dataTypeB) as u64,
+                (d_B) as usize as u64,
+                (ldb) as i64 as u64,
+                (vl) as usize as u64,
+                (vu) as usize as u64,
+                (il) as i64 as u64,
+                (iu) as i64 as u64,
+                (meig) as usize as u64,
+                (dataTypeW) as u64,
+                (d_W) as usize as u64,
+                (computeType) as u64,
+                (bufferOnDevice) as usize as u64,
+                (workspaceInBytesOnDevice) as u64,
+                (bufferOnHost) as usize as u64,
+                (workspaceInBytesOnHost) as u64,
+                (d_info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnXsygvdx_bufferSize` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsygvdx_bufferSize(
+    handle: *mut c_void,
+    params: *mut c_void,
+    itype: u32,
+    jobz: u32,
+    uplo: u32,
+    n: i64,
+    dataTypeA: u32,
+    d_A: *mut c_void,
+    lda: i64,
+    dataTypeB: u32,
+    d_B: *mut c_void,
+    ldb: i64,
+    vl: *mut c_void,
+    vu: *mut c_void,
+    il: i64,
+    iu: i64,
+    meig: *mut c_void,
+    dataTypeW: u32,
+    d_W: *mut c_void,
+    computeType: u32,
+    workspaceInBytesOnDevice: *mut c_void,
+    workspaceInBytesOnHost: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnXsygvdx_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (params) as usize as u64,
+                (itype) as u64,
+                (jobz) as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (dataTypeA) as u64,
+                (d_A) as usize as u64,
+                (lda) as i64 as u64,
+                (dataTypeB) as u64,
+                (d_B) as usize as u64,
+                (ldb) as i64 as u64,
+                (vl) as usize as u64,
+                (vu) as usize as u64,
+                (il) as i64 as u64,
+                (iu) as i64 as u64,
+                (meig) as usize as u64,
+                (dataTypeW) as u64,
+                (d_W) as usize as u64,
+                (computeType) as u64,
+                (workspaceInBytesOnDevice) as usize as u64,
+                (workspaceInBytesOnHost) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnXsytrf` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsytrf(
+    handle: *mut c_void,
+    params: *mut c_void,
+    uplo: u32,
+    n: i64,
+    dataTypeA: u32,
+    A: *mut c_void,
+    lda: i64,
+    ipiv: *mut c_void,
+    computeType: u32,
+    bufferOnDevice: *mut c_void,
+    workspaceInBytesOnDevice: usize,
+    bufferOnHost: *mut c_void,
+    workspaceInBytesOnHost: usize,
+    info: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnXsytrf,
+            &[
+                (handle) as usize as u64,
+                (params) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (dataTypeA) as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (ipiv) as usize as u64,
+                (computeType) as u64,
+                (bufferOnDevice) as usize as u64,
+                (workspaceInBytesOnDevice) as u64,
+                (bufferOnHost) as usize as u64,
+                (workspaceInBytesOnHost) as u64,
+                (info) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnXsytrf_bufferSize` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsytrf_bufferSize(
+    handle: *mut c_void,
+    params: *mut c_void,
+    uplo: u32,
+    n: i64,
+    dataTypeA: u32,
+    A: *mut c_void,
+    lda: i64,
+    ipiv: *mut c_void,
+    computeType: u32,
+    workspaceInBytesOnDevice: *mut c_void,
+    workspaceInBytesOnHost: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusolver::cusolverDnXsytrf_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (params) as usize as u64,
+                (uplo) as u64,
+                (n) as i64 as u64,
+                (dataTypeA) as u64,
+                (A) as usize as u64,
+                (lda) as i64 as u64,
+                (ipiv) as usize as u64,
+                (computeType) as u64,
+                (workspaceInBytesOnDevice) as usize as u64,
+                (workspaceInBytesOnHost) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusolverDnXsytrs` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsytrs(
     handle: *mut c_void,
@@ -10079,7 +10977,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsytrs(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverDnXsytrs",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverDnXsytrs__async,
@@ -10117,7 +11015,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsytrs(
         }) as u32
     }
 }
-///`cusolverDnXsytrs_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnXsytrs_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsytrs_bufferSize(
     handle: *mut c_void,
@@ -10155,7 +11053,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXsytrs_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnXtrtri` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverDnXtrtri` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXtrtri(
     handle: *mut c_void,
@@ -10175,7 +11073,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXtrtri(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverDnXtrtri",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverDnXtrtri__async,
@@ -10209,7 +11107,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXtrtri(
         }) as u32
     }
 }
-///`cusolverDnXtrtri_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnXtrtri_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXtrtri_bufferSize(
     handle: *mut c_void,
@@ -10239,7 +11137,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnXtrtri_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnZCgels` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnZCgels` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZCgels(
     handle: *mut c_void,
@@ -10279,7 +11177,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZCgels(
         ) as u32
     }
 }
-///`cusolverDnZCgels_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnZCgels_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZCgels_bufferSize(
     handle: *mut c_void,
@@ -10315,7 +11213,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZCgels_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnZCgesv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnZCgesv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZCgesv(
     handle: *mut c_void,
@@ -10355,7 +11253,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZCgesv(
         ) as u32
     }
 }
-///`cusolverDnZCgesv_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnZCgesv_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZCgesv_bufferSize(
     handle: *mut c_void,
@@ -10391,7 +11289,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZCgesv_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnZEgels` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnZEgels` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZEgels(
     handle: *mut c_void,
@@ -10431,7 +11329,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZEgels(
         ) as u32
     }
 }
-///`cusolverDnZEgels_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnZEgels_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZEgels_bufferSize(
     handle: *mut c_void,
@@ -10467,7 +11365,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZEgels_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnZEgesv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnZEgesv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZEgesv(
     handle: *mut c_void,
@@ -10507,7 +11405,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZEgesv(
         ) as u32
     }
 }
-///`cusolverDnZEgesv_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnZEgesv_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZEgesv_bufferSize(
     handle: *mut c_void,
@@ -10543,7 +11441,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZEgesv_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnZKgels` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnZKgels` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZKgels(
     handle: *mut c_void,
@@ -10583,7 +11481,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZKgels(
         ) as u32
     }
 }
-///`cusolverDnZKgels_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnZKgels_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZKgels_bufferSize(
     handle: *mut c_void,
@@ -10619,7 +11517,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZKgels_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnZKgesv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnZKgesv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZKgesv(
     handle: *mut c_void,
@@ -10659,7 +11557,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZKgesv(
         ) as u32
     }
 }
-///`cusolverDnZKgesv_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnZKgesv_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZKgesv_bufferSize(
     handle: *mut c_void,
@@ -10695,7 +11593,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZKgesv_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnZYgels` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnZYgels` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZYgels(
     handle: *mut c_void,
@@ -10735,7 +11633,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZYgels(
         ) as u32
     }
 }
-///`cusolverDnZYgels_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnZYgels_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZYgels_bufferSize(
     handle: *mut c_void,
@@ -10771,7 +11669,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZYgels_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnZYgesv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnZYgesv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZYgesv(
     handle: *mut c_void,
@@ -10811,7 +11709,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZYgesv(
         ) as u32
     }
 }
-///`cusolverDnZYgesv_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnZYgesv_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZYgesv_bufferSize(
     handle: *mut c_void,
@@ -10847,7 +11745,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZYgesv_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnZZgels` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnZZgels` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZZgels(
     handle: *mut c_void,
@@ -10887,7 +11785,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZZgels(
         ) as u32
     }
 }
-///`cusolverDnZZgels_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnZZgels_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZZgels_bufferSize(
     handle: *mut c_void,
@@ -10923,7 +11821,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZZgels_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnZZgesv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnZZgesv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZZgesv(
     handle: *mut c_void,
@@ -10963,7 +11861,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZZgesv(
         ) as u32
     }
 }
-///`cusolverDnZZgesv_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnZZgesv_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZZgesv_bufferSize(
     handle: *mut c_void,
@@ -10999,7 +11897,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZZgesv_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnZgebrd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnZgebrd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZgebrd(
     handle: *mut c_void,
@@ -11035,7 +11933,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZgebrd(
         ) as u32
     }
 }
-///`cusolverDnZgebrd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnZgebrd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZgebrd_bufferSize(
     handle: *mut c_void,
@@ -11055,7 +11953,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZgebrd_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnZgeqrf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnZgeqrf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZgeqrf(
     handle: *mut c_void,
@@ -11085,7 +11983,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZgeqrf(
         ) as u32
     }
 }
-///`cusolverDnZgeqrf_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnZgeqrf_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZgeqrf_bufferSize(
     handle: *mut c_void,
@@ -11109,7 +12007,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZgeqrf_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnZgesvd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnZgesvd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZgesvd(
     handle: *mut c_void,
@@ -11153,7 +12051,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZgesvd(
         ) as u32
     }
 }
-///`cusolverDnZgesvd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnZgesvd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZgesvd_bufferSize(
     handle: *mut c_void,
@@ -11173,7 +12071,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZgesvd_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnZgesvdaStridedBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnZgesvdaStridedBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZgesvdaStridedBatched(
     handle: *mut c_void,
@@ -11227,7 +12125,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZgesvdaStridedBatched(
         ) as u32
     }
 }
-///`cusolverDnZgesvdaStridedBatched_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnZgesvdaStridedBatched_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZgesvdaStridedBatched_bufferSize(
     handle: *mut c_void,
@@ -11275,7 +12173,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZgesvdaStridedBatched_buff
         ) as u32
     }
 }
-///`cusolverDnZgesvdj` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnZgesvdj` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZgesvdj(
     handle: *mut c_void,
@@ -11319,7 +12217,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZgesvdj(
         ) as u32
     }
 }
-///`cusolverDnZgesvdjBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnZgesvdjBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZgesvdjBatched(
     handle: *mut c_void,
@@ -11363,7 +12261,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZgesvdjBatched(
         ) as u32
     }
 }
-///`cusolverDnZgesvdjBatched_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnZgesvdjBatched_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZgesvdjBatched_bufferSize(
     handle: *mut c_void,
@@ -11403,7 +12301,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZgesvdjBatched_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnZgesvdj_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnZgesvdj_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZgesvdj_bufferSize(
     handle: *mut c_void,
@@ -11443,7 +12341,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZgesvdj_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnZgetrf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnZgetrf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZgetrf(
     handle: *mut c_void,
@@ -11471,7 +12369,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZgetrf(
         ) as u32
     }
 }
-///`cusolverDnZgetrf_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnZgetrf_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZgetrf_bufferSize(
     handle: *mut c_void,
@@ -11495,7 +12393,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZgetrf_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnZgetrs` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnZgetrs` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZgetrs(
     handle: *mut c_void,
@@ -11527,7 +12425,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZgetrs(
         ) as u32
     }
 }
-///`cusolverDnZheevd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnZheevd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZheevd(
     handle: *mut c_void,
@@ -11559,7 +12457,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZheevd(
         ) as u32
     }
 }
-///`cusolverDnZheevd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnZheevd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZheevd_bufferSize(
     handle: *mut c_void,
@@ -11587,7 +12485,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZheevd_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnZheevdx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnZheevdx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZheevdx(
     handle: *mut c_void,
@@ -11631,7 +12529,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZheevdx(
         ) as u32
     }
 }
-///`cusolverDnZheevdx_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnZheevdx_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZheevdx_bufferSize(
     handle: *mut c_void,
@@ -11671,7 +12569,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZheevdx_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnZheevj` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnZheevj` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZheevj(
     handle: *mut c_void,
@@ -11705,7 +12603,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZheevj(
         ) as u32
     }
 }
-///`cusolverDnZheevjBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnZheevjBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZheevjBatched(
     handle: *mut c_void,
@@ -11741,7 +12639,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZheevjBatched(
         ) as u32
     }
 }
-///`cusolverDnZheevjBatched_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnZheevjBatched_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZheevjBatched_bufferSize(
     handle: *mut c_void,
@@ -11773,7 +12671,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZheevjBatched_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnZheevj_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnZheevj_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZheevj_bufferSize(
     handle: *mut c_void,
@@ -11803,7 +12701,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZheevj_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnZhegvd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnZhegvd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZhegvd(
     handle: *mut c_void,
@@ -11841,7 +12739,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZhegvd(
         ) as u32
     }
 }
-///`cusolverDnZhegvd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnZhegvd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZhegvd_bufferSize(
     handle: *mut c_void,
@@ -11875,7 +12773,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZhegvd_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnZhegvdx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnZhegvdx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZhegvdx(
     handle: *mut c_void,
@@ -11925,7 +12823,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZhegvdx(
         ) as u32
     }
 }
-///`cusolverDnZhegvdx_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnZhegvdx_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZhegvdx_bufferSize(
     handle: *mut c_void,
@@ -11971,7 +12869,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZhegvdx_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnZhegvj` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnZhegvj` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZhegvj(
     handle: *mut c_void,
@@ -12011,7 +12909,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZhegvj(
         ) as u32
     }
 }
-///`cusolverDnZhegvj_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnZhegvj_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZhegvj_bufferSize(
     handle: *mut c_void,
@@ -12047,7 +12945,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZhegvj_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnZhetrd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnZhetrd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZhetrd(
     handle: *mut c_void,
@@ -12081,7 +12979,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZhetrd(
         ) as u32
     }
 }
-///`cusolverDnZhetrd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnZhetrd_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZhetrd_bufferSize(
     handle: *mut c_void,
@@ -12111,7 +13009,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZhetrd_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnZlaswp` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnZlaswp` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZlaswp(
     handle: *mut c_void,
@@ -12139,7 +13037,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZlaswp(
         ) as u32
     }
 }
-///`cusolverDnZlauum` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnZlauum` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZlauum(
     handle: *mut c_void,
@@ -12167,7 +13065,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZlauum(
         ) as u32
     }
 }
-///`cusolverDnZlauum_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnZlauum_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZlauum_bufferSize(
     handle: *mut c_void,
@@ -12191,7 +13089,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZlauum_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnZpotrf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnZpotrf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZpotrf(
     handle: *mut c_void,
@@ -12219,7 +13117,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZpotrf(
         ) as u32
     }
 }
-///`cusolverDnZpotrfBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnZpotrfBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZpotrfBatched(
     handle: *mut c_void,
@@ -12245,7 +13143,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZpotrfBatched(
         ) as u32
     }
 }
-///`cusolverDnZpotrf_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnZpotrf_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZpotrf_bufferSize(
     handle: *mut c_void,
@@ -12269,7 +13167,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZpotrf_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnZpotri` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnZpotri` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZpotri(
     handle: *mut c_void,
@@ -12297,7 +13195,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZpotri(
         ) as u32
     }
 }
-///`cusolverDnZpotri_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnZpotri_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZpotri_bufferSize(
     handle: *mut c_void,
@@ -12321,7 +13219,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZpotri_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnZpotrs` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnZpotrs` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZpotrs(
     handle: *mut c_void,
@@ -12351,7 +13249,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZpotrs(
         ) as u32
     }
 }
-///`cusolverDnZpotrsBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnZpotrsBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZpotrsBatched(
     handle: *mut c_void,
@@ -12383,7 +13281,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZpotrsBatched(
         ) as u32
     }
 }
-///`cusolverDnZsytrf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnZsytrf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZsytrf(
     handle: *mut c_void,
@@ -12413,7 +13311,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZsytrf(
         ) as u32
     }
 }
-///`cusolverDnZsytrf_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnZsytrf_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZsytrf_bufferSize(
     handle: *mut c_void,
@@ -12435,7 +13333,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZsytrf_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnZsytri` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnZsytri` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZsytri(
     handle: *mut c_void,
@@ -12465,7 +13363,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZsytri(
         ) as u32
     }
 }
-///`cusolverDnZsytri_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnZsytri_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZsytri_bufferSize(
     handle: *mut c_void,
@@ -12491,7 +13389,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZsytri_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnZungbr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnZungbr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZungbr(
     handle: *mut c_void,
@@ -12525,7 +13423,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZungbr(
         ) as u32
     }
 }
-///`cusolverDnZungbr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnZungbr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZungbr_bufferSize(
     handle: *mut c_void,
@@ -12555,7 +13453,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZungbr_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnZungqr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnZungqr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZungqr(
     handle: *mut c_void,
@@ -12587,7 +13485,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZungqr(
         ) as u32
     }
 }
-///`cusolverDnZungqr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnZungqr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZungqr_bufferSize(
     handle: *mut c_void,
@@ -12615,7 +13513,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZungqr_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnZungtr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnZungtr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZungtr(
     handle: *mut c_void,
@@ -12645,7 +13543,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZungtr(
         ) as u32
     }
 }
-///`cusolverDnZungtr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnZungtr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZungtr_bufferSize(
     handle: *mut c_void,
@@ -12671,7 +13569,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZungtr_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnZunmqr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnZunmqr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZunmqr(
     handle: *mut c_void,
@@ -12711,7 +13609,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZunmqr(
         ) as u32
     }
 }
-///`cusolverDnZunmqr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnZunmqr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZunmqr_bufferSize(
     handle: *mut c_void,
@@ -12747,7 +13645,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZunmqr_bufferSize(
         ) as u32
     }
 }
-///`cusolverDnZunmtr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverDnZunmtr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZunmtr(
     handle: *mut c_void,
@@ -12787,7 +13685,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZunmtr(
         ) as u32
     }
 }
-///`cusolverDnZunmtr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverDnZunmtr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZunmtr_bufferSize(
     handle: *mut c_void,
@@ -12823,7 +13721,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverDnZunmtr_bufferSize(
         ) as u32
     }
 }
-///`cusolverGetProperty` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverGetProperty` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverGetProperty(
     r#type: u32,
@@ -12836,7 +13734,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverGetProperty(
         ) as u32
     }
 }
-///`cusolverGetVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverGetVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverGetVersion(
     version: *mut c_void,
@@ -12848,7 +13746,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverGetVersion(
         ) as u32
     }
 }
-///`cusolverRfAnalyze` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverRfAnalyze` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverRfAnalyze(
     handle: *mut c_void,
@@ -12860,7 +13758,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverRfAnalyze(
         ) as u32
     }
 }
-///`cusolverRfBatchAnalyze` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverRfBatchAnalyze` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverRfBatchAnalyze(
     handle: *mut c_void,
@@ -12872,7 +13770,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverRfBatchAnalyze(
         ) as u32
     }
 }
-///`cusolverRfBatchRefactor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverRfBatchRefactor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverRfBatchRefactor(
     handle: *mut c_void,
@@ -12884,7 +13782,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverRfBatchRefactor(
         ) as u32
     }
 }
-///`cusolverRfBatchResetValues` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverRfBatchResetValues` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverRfBatchResetValues(
     batchSize: i32,
@@ -12914,7 +13812,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverRfBatchResetValues(
         ) as u32
     }
 }
-///`cusolverRfCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverRfCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverRfCreate(
     handle: *mut c_void,
@@ -12926,7 +13824,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverRfCreate(
         ) as u32
     }
 }
-///`cusolverRfDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverRfDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverRfDestroy(
     handle: *mut c_void,
@@ -12938,7 +13836,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverRfDestroy(
         ) as u32
     }
 }
-///`cusolverRfGetAlgs` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverRfGetAlgs` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverRfGetAlgs(
     handle: *mut c_void,
@@ -12956,7 +13854,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverRfGetAlgs(
         ) as u32
     }
 }
-///`cusolverRfGetMatrixFormat` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverRfGetMatrixFormat` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverRfGetMatrixFormat(
     handle: *mut c_void,
@@ -12970,7 +13868,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverRfGetMatrixFormat(
         ) as u32
     }
 }
-///`cusolverRfGetNumericBoostReport` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverRfGetNumericBoostReport` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverRfGetNumericBoostReport(
     handle: *mut c_void,
@@ -12983,7 +13881,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverRfGetNumericBoostReport(
         ) as u32
     }
 }
-///`cusolverRfGetNumericProperties` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverRfGetNumericProperties` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverRfGetNumericProperties(
     handle: *mut c_void,
@@ -12997,7 +13895,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverRfGetNumericProperties(
         ) as u32
     }
 }
-///`cusolverRfGetResetValuesFastMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverRfGetResetValuesFastMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverRfGetResetValuesFastMode(
     handle: *mut c_void,
@@ -13010,7 +13908,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverRfGetResetValuesFastMode(
         ) as u32
     }
 }
-///`cusolverRfRefactor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverRfRefactor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverRfRefactor(
     handle: *mut c_void,
@@ -13022,7 +13920,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverRfRefactor(
         ) as u32
     }
 }
-///`cusolverRfResetValues` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverRfResetValues` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverRfResetValues(
     n: i32,
@@ -13050,7 +13948,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverRfResetValues(
         ) as u32
     }
 }
-///`cusolverRfSetAlgs` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverRfSetAlgs` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverRfSetAlgs(
     handle: *mut c_void,
@@ -13064,7 +13962,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverRfSetAlgs(
         ) as u32
     }
 }
-///`cusolverRfSetMatrixFormat` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverRfSetMatrixFormat` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverRfSetMatrixFormat(
     handle: *mut c_void,
@@ -13078,7 +13976,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverRfSetMatrixFormat(
         ) as u32
     }
 }
-///`cusolverRfSetNumericProperties` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverRfSetNumericProperties` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverRfSetNumericProperties(
     handle: *mut c_void,
@@ -13092,7 +13990,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverRfSetNumericProperties(
         ) as u32
     }
 }
-///`cusolverRfSetResetValuesFastMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverRfSetResetValuesFastMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverRfSetResetValuesFastMode(
     handle: *mut c_void,
@@ -13105,7 +14003,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverRfSetResetValuesFastMode(
         ) as u32
     }
 }
-///`cusolverRfSetupDevice` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverRfSetupDevice` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverRfSetupDevice(
     n: i32,
@@ -13149,7 +14047,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverRfSetupDevice(
         ) as u32
     }
 }
-///`cusolverRfSetupHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverRfSetupHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverRfSetupHost(
     n: i32,
@@ -13193,7 +14091,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverRfSetupHost(
         ) as u32
     }
 }
-///`cusolverRfSolve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverRfSolve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverRfSolve(
     handle: *mut c_void,
@@ -13221,7 +14119,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverRfSolve(
         ) as u32
     }
 }
-///`cusolverSpCcsrcholBufferInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpCcsrcholBufferInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrcholBufferInfo(
     handle: *mut c_void,
@@ -13253,7 +14151,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrcholBufferInfo(
         ) as u32
     }
 }
-///`cusolverSpCcsrcholBufferInfoHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpCcsrcholBufferInfoHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrcholBufferInfoHost(
     handle: *mut c_void,
@@ -13271,7 +14169,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrcholBufferInfoHost(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverSpCcsrcholBufferInfoHost",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverSpCcsrcholBufferInfoHost__call,
@@ -13302,7 +14200,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrcholBufferInfoHost(
         }) as u32
     }
 }
-///`cusolverSpCcsrcholDiag` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverSpCcsrcholDiag` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrcholDiag(
     handle: *mut c_void,
@@ -13316,7 +14214,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrcholDiag(
         ) as u32
     }
 }
-///`cusolverSpCcsrcholFactor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverSpCcsrcholFactor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrcholFactor(
     handle: *mut c_void,
@@ -13346,7 +14244,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrcholFactor(
         ) as u32
     }
 }
-///`cusolverSpCcsrcholFactorHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpCcsrcholFactorHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrcholFactorHost(
     handle: *mut c_void,
@@ -13363,7 +14261,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrcholFactorHost(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverSpCcsrcholFactorHost",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverSpCcsrcholFactorHost__call,
@@ -13393,7 +14291,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrcholFactorHost(
         }) as u32
     }
 }
-///`cusolverSpCcsrcholSolve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverSpCcsrcholSolve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrcholSolve(
     handle: *mut c_void,
@@ -13417,7 +14315,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrcholSolve(
         ) as u32
     }
 }
-///`cusolverSpCcsrcholSolveHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpCcsrcholSolveHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrcholSolveHost(
     handle: *mut c_void,
@@ -13431,7 +14329,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrcholSolveHost(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverSpCcsrcholSolveHost",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverSpCcsrcholSolveHost__call,
@@ -13458,7 +14356,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrcholSolveHost(
         }) as u32
     }
 }
-///`cusolverSpCcsrcholZeroPivot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpCcsrcholZeroPivot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrcholZeroPivot(
     handle: *mut c_void,
@@ -13478,7 +14376,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrcholZeroPivot(
         ) as u32
     }
 }
-///`cusolverSpCcsrcholZeroPivotHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpCcsrcholZeroPivotHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrcholZeroPivotHost(
     handle: *mut c_void,
@@ -13490,7 +14388,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrcholZeroPivotHost(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverSpCcsrcholZeroPivotHost",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverSpCcsrcholZeroPivotHost__call,
@@ -13515,7 +14413,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrcholZeroPivotHost(
         }) as u32
     }
 }
-///`cusolverSpCcsreigsHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpCcsreigsHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsreigsHost(
     handle: *mut c_void,
@@ -13547,7 +14445,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsreigsHost(
         ) as u32
     }
 }
-///`cusolverSpCcsreigvsi` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverSpCcsreigvsi` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsreigvsi(
     handle: *mut c_void,
@@ -13585,7 +14483,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsreigvsi(
         ) as u32
     }
 }
-///`cusolverSpCcsreigvsiHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpCcsreigvsiHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsreigvsiHost(
     handle: *mut c_void,
@@ -13623,7 +14521,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsreigvsiHost(
         ) as u32
     }
 }
-///`cusolverSpCcsrlsqvqrHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpCcsrlsqvqrHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrlsqvqrHost(
     handle: *mut c_void,
@@ -13663,7 +14561,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrlsqvqrHost(
         ) as u32
     }
 }
-///`cusolverSpCcsrlsvchol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpCcsrlsvchol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrlsvchol(
     handle: *mut c_void,
@@ -13699,7 +14597,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrlsvchol(
         ) as u32
     }
 }
-///`cusolverSpCcsrlsvcholHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpCcsrlsvcholHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrlsvcholHost(
     handle: *mut c_void,
@@ -13735,7 +14633,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrlsvcholHost(
         ) as u32
     }
 }
-///`cusolverSpCcsrlsvluHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpCcsrlsvluHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrlsvluHost(
     handle: *mut c_void,
@@ -13771,7 +14669,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrlsvluHost(
         ) as u32
     }
 }
-///`cusolverSpCcsrlsvqr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpCcsrlsvqr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrlsvqr(
     handle: *mut c_void,
@@ -13807,7 +14705,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrlsvqr(
         ) as u32
     }
 }
-///`cusolverSpCcsrlsvqrHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpCcsrlsvqrHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrlsvqrHost(
     handle: *mut c_void,
@@ -13843,7 +14741,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrlsvqrHost(
         ) as u32
     }
 }
-///`cusolverSpCcsrluBufferInfoHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpCcsrluBufferInfoHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrluBufferInfoHost(
     handle: *mut c_void,
@@ -13861,7 +14759,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrluBufferInfoHost(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverSpCcsrluBufferInfoHost",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverSpCcsrluBufferInfoHost__call,
@@ -13892,7 +14790,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrluBufferInfoHost(
         }) as u32
     }
 }
-///`cusolverSpCcsrluExtractHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpCcsrluExtractHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrluExtractHost(
     handle: *mut c_void,
@@ -13913,7 +14811,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrluExtractHost(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverSpCcsrluExtractHost",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverSpCcsrluExtractHost__call,
@@ -13947,7 +14845,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrluExtractHost(
         }) as u32
     }
 }
-///`cusolverSpCcsrluFactorHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpCcsrluFactorHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrluFactorHost(
     handle: *mut c_void,
@@ -13965,7 +14863,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrluFactorHost(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverSpCcsrluFactorHost",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverSpCcsrluFactorHost__call,
@@ -13996,7 +14894,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrluFactorHost(
         }) as u32
     }
 }
-///`cusolverSpCcsrluSolveHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpCcsrluSolveHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrluSolveHost(
     handle: *mut c_void,
@@ -14010,7 +14908,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrluSolveHost(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverSpCcsrluSolveHost",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverSpCcsrluSolveHost__call,
@@ -14037,7 +14935,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrluSolveHost(
         }) as u32
     }
 }
-///`cusolverSpCcsrluZeroPivotHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpCcsrluZeroPivotHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrluZeroPivotHost(
     handle: *mut c_void,
@@ -14049,7 +14947,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrluZeroPivotHost(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverSpCcsrluZeroPivotHost",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverSpCcsrluZeroPivotHost__call,
@@ -14074,7 +14972,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrluZeroPivotHost(
         }) as u32
     }
 }
-///`cusolverSpCcsrqrBufferInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpCcsrqrBufferInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrqrBufferInfo(
     handle: *mut c_void,
@@ -14108,7 +15006,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrqrBufferInfo(
         ) as u32
     }
 }
-///`cusolverSpCcsrqrBufferInfoBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpCcsrqrBufferInfoBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrqrBufferInfoBatched(
     handle: *mut c_void,
@@ -14144,7 +15042,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrqrBufferInfoBatched(
         ) as u32
     }
 }
-///`cusolverSpCcsrqrBufferInfoHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpCcsrqrBufferInfoHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrqrBufferInfoHost(
     handle: *mut c_void,
@@ -14163,7 +15061,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrqrBufferInfoHost(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverSpCcsrqrBufferInfoHost",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverSpCcsrqrBufferInfoHost__call,
@@ -14195,7 +15093,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrqrBufferInfoHost(
         }) as u32
     }
 }
-///`cusolverSpCcsrqrFactor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverSpCcsrqrFactor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrqrFactor(
     handle: *mut c_void,
@@ -14223,7 +15121,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrqrFactor(
         ) as u32
     }
 }
-///`cusolverSpCcsrqrFactorHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpCcsrqrFactorHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrqrFactorHost(
     handle: *mut c_void,
@@ -14239,7 +15137,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrqrFactorHost(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverSpCcsrqrFactorHost",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverSpCcsrqrFactorHost__call,
@@ -14268,7 +15166,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrqrFactorHost(
         }) as u32
     }
 }
-///`cusolverSpCcsrqrSetup` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverSpCcsrqrSetup` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrqrSetup(
     handle: *mut c_void,
@@ -14300,7 +15198,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrqrSetup(
         ) as u32
     }
 }
-///`cusolverSpCcsrqrSetupHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpCcsrqrSetupHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrqrSetupHost(
     handle: *mut c_void,
@@ -14318,7 +15216,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrqrSetupHost(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverSpCcsrqrSetupHost",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverSpCcsrqrSetupHost__call,
@@ -14349,7 +15247,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrqrSetupHost(
         }) as u32
     }
 }
-///`cusolverSpCcsrqrSolve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverSpCcsrqrSolve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrqrSolve(
     handle: *mut c_void,
@@ -14375,7 +15273,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrqrSolve(
         ) as u32
     }
 }
-///`cusolverSpCcsrqrSolveHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpCcsrqrSolveHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrqrSolveHost(
     handle: *mut c_void,
@@ -14390,7 +15288,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrqrSolveHost(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverSpCcsrqrSolveHost",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverSpCcsrqrSolveHost__call,
@@ -14418,7 +15316,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrqrSolveHost(
         }) as u32
     }
 }
-///`cusolverSpCcsrqrZeroPivot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpCcsrqrZeroPivot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrqrZeroPivot(
     handle: *mut c_void,
@@ -14438,7 +15336,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrqrZeroPivot(
         ) as u32
     }
 }
-///`cusolverSpCcsrqrZeroPivotHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpCcsrqrZeroPivotHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrqrZeroPivotHost(
     handle: *mut c_void,
@@ -14450,7 +15348,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrqrZeroPivotHost(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverSpCcsrqrZeroPivotHost",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverSpCcsrqrZeroPivotHost__call,
@@ -14475,7 +15373,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrqrZeroPivotHost(
         }) as u32
     }
 }
-///`cusolverSpCcsrqrsvBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverSpCcsrqrsvBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrqrsvBatched(
     handle: *mut c_void,
@@ -14513,7 +15411,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrqrsvBatched(
         ) as u32
     }
 }
-///`cusolverSpCcsrzfdHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpCcsrzfdHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrzfdHost(
     handle: *mut c_void,
@@ -14543,7 +15441,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCcsrzfdHost(
         ) as u32
     }
 }
-///`cusolverSpCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCreate(
     handle: *mut c_void,
@@ -14555,7 +15453,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCreate(
         ) as u32
     }
 }
-///`cusolverSpCreateCsrcholInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpCreateCsrcholInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCreateCsrcholInfo(
     info: *mut c_void,
@@ -14567,7 +15465,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCreateCsrcholInfo(
         ) as u32
     }
 }
-///`cusolverSpCreateCsrcholInfoHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpCreateCsrcholInfoHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCreateCsrcholInfoHost(
     info: *mut c_void,
@@ -14579,7 +15477,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCreateCsrcholInfoHost(
         ) as u32
     }
 }
-///`cusolverSpCreateCsrluInfoHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpCreateCsrluInfoHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCreateCsrluInfoHost(
     info: *mut c_void,
@@ -14591,7 +15489,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCreateCsrluInfoHost(
         ) as u32
     }
 }
-///`cusolverSpCreateCsrqrInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpCreateCsrqrInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCreateCsrqrInfo(
     info: *mut c_void,
@@ -14603,7 +15501,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCreateCsrqrInfo(
         ) as u32
     }
 }
-///`cusolverSpCreateCsrqrInfoHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpCreateCsrqrInfoHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCreateCsrqrInfoHost(
     info: *mut c_void,
@@ -14615,7 +15513,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpCreateCsrqrInfoHost(
         ) as u32
     }
 }
-///`cusolverSpDcsrcholBufferInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpDcsrcholBufferInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrcholBufferInfo(
     handle: *mut c_void,
@@ -14647,7 +15545,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrcholBufferInfo(
         ) as u32
     }
 }
-///`cusolverSpDcsrcholBufferInfoHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpDcsrcholBufferInfoHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrcholBufferInfoHost(
     handle: *mut c_void,
@@ -14665,7 +15563,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrcholBufferInfoHost(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverSpDcsrcholBufferInfoHost",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverSpDcsrcholBufferInfoHost__call,
@@ -14696,7 +15594,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrcholBufferInfoHost(
         }) as u32
     }
 }
-///`cusolverSpDcsrcholDiag` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverSpDcsrcholDiag` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrcholDiag(
     handle: *mut c_void,
@@ -14710,7 +15608,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrcholDiag(
         ) as u32
     }
 }
-///`cusolverSpDcsrcholFactor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverSpDcsrcholFactor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrcholFactor(
     handle: *mut c_void,
@@ -14740,7 +15638,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrcholFactor(
         ) as u32
     }
 }
-///`cusolverSpDcsrcholFactorHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpDcsrcholFactorHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrcholFactorHost(
     handle: *mut c_void,
@@ -14757,7 +15655,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrcholFactorHost(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverSpDcsrcholFactorHost",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverSpDcsrcholFactorHost__call,
@@ -14787,7 +15685,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrcholFactorHost(
         }) as u32
     }
 }
-///`cusolverSpDcsrcholSolve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverSpDcsrcholSolve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrcholSolve(
     handle: *mut c_void,
@@ -14811,7 +15709,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrcholSolve(
         ) as u32
     }
 }
-///`cusolverSpDcsrcholSolveHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpDcsrcholSolveHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrcholSolveHost(
     handle: *mut c_void,
@@ -14825,7 +15723,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrcholSolveHost(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverSpDcsrcholSolveHost",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverSpDcsrcholSolveHost__call,
@@ -14852,7 +15750,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrcholSolveHost(
         }) as u32
     }
 }
-///`cusolverSpDcsrcholZeroPivot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpDcsrcholZeroPivot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrcholZeroPivot(
     handle: *mut c_void,
@@ -14872,7 +15770,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrcholZeroPivot(
         ) as u32
     }
 }
-///`cusolverSpDcsrcholZeroPivotHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpDcsrcholZeroPivotHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrcholZeroPivotHost(
     handle: *mut c_void,
@@ -14884,7 +15782,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrcholZeroPivotHost(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverSpDcsrcholZeroPivotHost",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverSpDcsrcholZeroPivotHost__call,
@@ -14909,7 +15807,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrcholZeroPivotHost(
         }) as u32
     }
 }
-///`cusolverSpDcsreigsHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpDcsreigsHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsreigsHost(
     handle: *mut c_void,
@@ -14941,7 +15839,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsreigsHost(
         ) as u32
     }
 }
-///`cusolverSpDcsreigvsi` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverSpDcsreigvsi` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsreigvsi(
     handle: *mut c_void,
@@ -14979,7 +15877,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsreigvsi(
         ) as u32
     }
 }
-///`cusolverSpDcsreigvsiHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpDcsreigvsiHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsreigvsiHost(
     handle: *mut c_void,
@@ -15017,7 +15915,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsreigvsiHost(
         ) as u32
     }
 }
-///`cusolverSpDcsrlsqvqrHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpDcsrlsqvqrHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrlsqvqrHost(
     handle: *mut c_void,
@@ -15057,7 +15955,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrlsqvqrHost(
         ) as u32
     }
 }
-///`cusolverSpDcsrlsvchol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpDcsrlsvchol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrlsvchol(
     handle: *mut c_void,
@@ -15093,7 +15991,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrlsvchol(
         ) as u32
     }
 }
-///`cusolverSpDcsrlsvcholHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpDcsrlsvcholHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrlsvcholHost(
     handle: *mut c_void,
@@ -15129,7 +16027,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrlsvcholHost(
         ) as u32
     }
 }
-///`cusolverSpDcsrlsvluHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpDcsrlsvluHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrlsvluHost(
     handle: *mut c_void,
@@ -15165,7 +16063,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrlsvluHost(
         ) as u32
     }
 }
-///`cusolverSpDcsrlsvqr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpDcsrlsvqr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrlsvqr(
     handle: *mut c_void,
@@ -15201,7 +16099,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrlsvqr(
         ) as u32
     }
 }
-///`cusolverSpDcsrlsvqrHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpDcsrlsvqrHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrlsvqrHost(
     handle: *mut c_void,
@@ -15237,7 +16135,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrlsvqrHost(
         ) as u32
     }
 }
-///`cusolverSpDcsrluBufferInfoHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpDcsrluBufferInfoHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrluBufferInfoHost(
     handle: *mut c_void,
@@ -15255,7 +16153,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrluBufferInfoHost(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverSpDcsrluBufferInfoHost",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverSpDcsrluBufferInfoHost__call,
@@ -15286,7 +16184,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrluBufferInfoHost(
         }) as u32
     }
 }
-///`cusolverSpDcsrluExtractHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpDcsrluExtractHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrluExtractHost(
     handle: *mut c_void,
@@ -15307,7 +16205,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrluExtractHost(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverSpDcsrluExtractHost",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverSpDcsrluExtractHost__call,
@@ -15341,7 +16239,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrluExtractHost(
         }) as u32
     }
 }
-///`cusolverSpDcsrluFactorHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpDcsrluFactorHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrluFactorHost(
     handle: *mut c_void,
@@ -15359,7 +16257,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrluFactorHost(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverSpDcsrluFactorHost",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverSpDcsrluFactorHost__call,
@@ -15390,7 +16288,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrluFactorHost(
         }) as u32
     }
 }
-///`cusolverSpDcsrluSolveHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpDcsrluSolveHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrluSolveHost(
     handle: *mut c_void,
@@ -15404,7 +16302,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrluSolveHost(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverSpDcsrluSolveHost",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverSpDcsrluSolveHost__call,
@@ -15431,7 +16329,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrluSolveHost(
         }) as u32
     }
 }
-///`cusolverSpDcsrluZeroPivotHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpDcsrluZeroPivotHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrluZeroPivotHost(
     handle: *mut c_void,
@@ -15443,7 +16341,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrluZeroPivotHost(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverSpDcsrluZeroPivotHost",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverSpDcsrluZeroPivotHost__call,
@@ -15468,7 +16366,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrluZeroPivotHost(
         }) as u32
     }
 }
-///`cusolverSpDcsrqrBufferInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpDcsrqrBufferInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrqrBufferInfo(
     handle: *mut c_void,
@@ -15502,7 +16400,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrqrBufferInfo(
         ) as u32
     }
 }
-///`cusolverSpDcsrqrBufferInfoBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpDcsrqrBufferInfoBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrqrBufferInfoBatched(
     handle: *mut c_void,
@@ -15538,7 +16436,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrqrBufferInfoBatched(
         ) as u32
     }
 }
-///`cusolverSpDcsrqrBufferInfoHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpDcsrqrBufferInfoHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrqrBufferInfoHost(
     handle: *mut c_void,
@@ -15557,7 +16455,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrqrBufferInfoHost(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverSpDcsrqrBufferInfoHost",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverSpDcsrqrBufferInfoHost__call,
@@ -15589,7 +16487,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrqrBufferInfoHost(
         }) as u32
     }
 }
-///`cusolverSpDcsrqrFactor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverSpDcsrqrFactor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrqrFactor(
     handle: *mut c_void,
@@ -15617,7 +16515,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrqrFactor(
         ) as u32
     }
 }
-///`cusolverSpDcsrqrFactorHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpDcsrqrFactorHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrqrFactorHost(
     handle: *mut c_void,
@@ -15633,7 +16531,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrqrFactorHost(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverSpDcsrqrFactorHost",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverSpDcsrqrFactorHost__call,
@@ -15662,7 +16560,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrqrFactorHost(
         }) as u32
     }
 }
-///`cusolverSpDcsrqrSetup` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverSpDcsrqrSetup` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrqrSetup(
     handle: *mut c_void,
@@ -15694,7 +16592,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrqrSetup(
         ) as u32
     }
 }
-///`cusolverSpDcsrqrSetupHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpDcsrqrSetupHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrqrSetupHost(
     handle: *mut c_void,
@@ -15712,7 +16610,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrqrSetupHost(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverSpDcsrqrSetupHost",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverSpDcsrqrSetupHost__call,
@@ -15743,7 +16641,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrqrSetupHost(
         }) as u32
     }
 }
-///`cusolverSpDcsrqrSolve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverSpDcsrqrSolve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrqrSolve(
     handle: *mut c_void,
@@ -15769,7 +16667,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrqrSolve(
         ) as u32
     }
 }
-///`cusolverSpDcsrqrSolveHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpDcsrqrSolveHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrqrSolveHost(
     handle: *mut c_void,
@@ -15784,7 +16682,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrqrSolveHost(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverSpDcsrqrSolveHost",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverSpDcsrqrSolveHost__call,
@@ -15812,7 +16710,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrqrSolveHost(
         }) as u32
     }
 }
-///`cusolverSpDcsrqrZeroPivot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpDcsrqrZeroPivot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrqrZeroPivot(
     handle: *mut c_void,
@@ -15832,7 +16730,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrqrZeroPivot(
         ) as u32
     }
 }
-///`cusolverSpDcsrqrZeroPivotHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpDcsrqrZeroPivotHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrqrZeroPivotHost(
     handle: *mut c_void,
@@ -15844,7 +16742,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrqrZeroPivotHost(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverSpDcsrqrZeroPivotHost",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverSpDcsrqrZeroPivotHost__call,
@@ -15869,7 +16767,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrqrZeroPivotHost(
         }) as u32
     }
 }
-///`cusolverSpDcsrqrsvBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverSpDcsrqrsvBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrqrsvBatched(
     handle: *mut c_void,
@@ -15907,7 +16805,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrqrsvBatched(
         ) as u32
     }
 }
-///`cusolverSpDcsrzfdHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpDcsrzfdHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrzfdHost(
     handle: *mut c_void,
@@ -15937,7 +16835,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDcsrzfdHost(
         ) as u32
     }
 }
-///`cusolverSpDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverSpDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDestroy(
     handle: *mut c_void,
@@ -15949,7 +16847,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDestroy(
         ) as u32
     }
 }
-///`cusolverSpDestroyCsrcholInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverSpDestroyCsrcholInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDestroyCsrcholInfo(
     info: *mut c_void,
@@ -15961,7 +16859,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDestroyCsrcholInfo(
         ) as u32
     }
 }
-///`cusolverSpDestroyCsrcholInfoHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpDestroyCsrcholInfoHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDestroyCsrcholInfoHost(
     info: *mut c_void,
@@ -15970,7 +16868,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDestroyCsrcholInfoHost(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverSpDestroyCsrcholInfoHost",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverSpDestroyCsrcholInfoHost__call,
@@ -15987,7 +16885,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDestroyCsrcholInfoHost(
         }) as u32
     }
 }
-///`cusolverSpDestroyCsrluInfoHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpDestroyCsrluInfoHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDestroyCsrluInfoHost(
     info: *mut c_void,
@@ -15996,7 +16894,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDestroyCsrluInfoHost(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverSpDestroyCsrluInfoHost",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverSpDestroyCsrluInfoHost__call,
@@ -16013,7 +16911,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDestroyCsrluInfoHost(
         }) as u32
     }
 }
-///`cusolverSpDestroyCsrqrInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverSpDestroyCsrqrInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDestroyCsrqrInfo(
     info: *mut c_void,
@@ -16025,7 +16923,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDestroyCsrqrInfo(
         ) as u32
     }
 }
-///`cusolverSpDestroyCsrqrInfoHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpDestroyCsrqrInfoHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDestroyCsrqrInfoHost(
     info: *mut c_void,
@@ -16034,7 +16932,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDestroyCsrqrInfoHost(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverSpDestroyCsrqrInfoHost",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverSpDestroyCsrqrInfoHost__call,
@@ -16051,7 +16949,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpDestroyCsrqrInfoHost(
         }) as u32
     }
 }
-///`cusolverSpGetStream` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpGetStream` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpGetStream(
     handle: *mut c_void,
@@ -16064,7 +16962,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpGetStream(
         ) as u32
     }
 }
-///`cusolverSpScsrcholBufferInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpScsrcholBufferInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrcholBufferInfo(
     handle: *mut c_void,
@@ -16096,7 +16994,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrcholBufferInfo(
         ) as u32
     }
 }
-///`cusolverSpScsrcholBufferInfoHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpScsrcholBufferInfoHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrcholBufferInfoHost(
     handle: *mut c_void,
@@ -16114,7 +17012,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrcholBufferInfoHost(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverSpScsrcholBufferInfoHost",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverSpScsrcholBufferInfoHost__call,
@@ -16145,7 +17043,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrcholBufferInfoHost(
         }) as u32
     }
 }
-///`cusolverSpScsrcholDiag` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverSpScsrcholDiag` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrcholDiag(
     handle: *mut c_void,
@@ -16159,7 +17057,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrcholDiag(
         ) as u32
     }
 }
-///`cusolverSpScsrcholFactor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverSpScsrcholFactor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrcholFactor(
     handle: *mut c_void,
@@ -16189,7 +17087,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrcholFactor(
         ) as u32
     }
 }
-///`cusolverSpScsrcholFactorHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpScsrcholFactorHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrcholFactorHost(
     handle: *mut c_void,
@@ -16206,7 +17104,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrcholFactorHost(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverSpScsrcholFactorHost",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverSpScsrcholFactorHost__call,
@@ -16236,7 +17134,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrcholFactorHost(
         }) as u32
     }
 }
-///`cusolverSpScsrcholSolve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverSpScsrcholSolve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrcholSolve(
     handle: *mut c_void,
@@ -16260,7 +17158,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrcholSolve(
         ) as u32
     }
 }
-///`cusolverSpScsrcholSolveHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpScsrcholSolveHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrcholSolveHost(
     handle: *mut c_void,
@@ -16274,7 +17172,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrcholSolveHost(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverSpScsrcholSolveHost",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverSpScsrcholSolveHost__call,
@@ -16301,7 +17199,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrcholSolveHost(
         }) as u32
     }
 }
-///`cusolverSpScsrcholZeroPivot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpScsrcholZeroPivot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrcholZeroPivot(
     handle: *mut c_void,
@@ -16321,7 +17219,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrcholZeroPivot(
         ) as u32
     }
 }
-///`cusolverSpScsrcholZeroPivotHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpScsrcholZeroPivotHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrcholZeroPivotHost(
     handle: *mut c_void,
@@ -16333,7 +17231,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrcholZeroPivotHost(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverSpScsrcholZeroPivotHost",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverSpScsrcholZeroPivotHost__call,
@@ -16358,7 +17256,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrcholZeroPivotHost(
         }) as u32
     }
 }
-///`cusolverSpScsreigsHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpScsreigsHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsreigsHost(
     handle: *mut c_void,
@@ -16390,7 +17288,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsreigsHost(
         ) as u32
     }
 }
-///`cusolverSpScsreigvsi` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverSpScsreigvsi` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsreigvsi(
     handle: *mut c_void,
@@ -16428,7 +17326,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsreigvsi(
         ) as u32
     }
 }
-///`cusolverSpScsreigvsiHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpScsreigvsiHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsreigvsiHost(
     handle: *mut c_void,
@@ -16466,7 +17364,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsreigvsiHost(
         ) as u32
     }
 }
-///`cusolverSpScsrlsqvqrHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpScsrlsqvqrHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrlsqvqrHost(
     handle: *mut c_void,
@@ -16506,7 +17404,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrlsqvqrHost(
         ) as u32
     }
 }
-///`cusolverSpScsrlsvchol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpScsrlsvchol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrlsvchol(
     handle: *mut c_void,
@@ -16542,7 +17440,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrlsvchol(
         ) as u32
     }
 }
-///`cusolverSpScsrlsvcholHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpScsrlsvcholHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrlsvcholHost(
     handle: *mut c_void,
@@ -16578,7 +17476,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrlsvcholHost(
         ) as u32
     }
 }
-///`cusolverSpScsrlsvluHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpScsrlsvluHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrlsvluHost(
     handle: *mut c_void,
@@ -16614,7 +17512,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrlsvluHost(
         ) as u32
     }
 }
-///`cusolverSpScsrlsvqr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpScsrlsvqr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrlsvqr(
     handle: *mut c_void,
@@ -16650,7 +17548,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrlsvqr(
         ) as u32
     }
 }
-///`cusolverSpScsrlsvqrHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpScsrlsvqrHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrlsvqrHost(
     handle: *mut c_void,
@@ -16686,7 +17584,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrlsvqrHost(
         ) as u32
     }
 }
-///`cusolverSpScsrluBufferInfoHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpScsrluBufferInfoHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrluBufferInfoHost(
     handle: *mut c_void,
@@ -16704,7 +17602,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrluBufferInfoHost(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverSpScsrluBufferInfoHost",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverSpScsrluBufferInfoHost__call,
@@ -16735,7 +17633,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrluBufferInfoHost(
         }) as u32
     }
 }
-///`cusolverSpScsrluExtractHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpScsrluExtractHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrluExtractHost(
     handle: *mut c_void,
@@ -16756,7 +17654,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrluExtractHost(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverSpScsrluExtractHost",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverSpScsrluExtractHost__call,
@@ -16790,7 +17688,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrluExtractHost(
         }) as u32
     }
 }
-///`cusolverSpScsrluFactorHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpScsrluFactorHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrluFactorHost(
     handle: *mut c_void,
@@ -16808,7 +17706,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrluFactorHost(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverSpScsrluFactorHost",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverSpScsrluFactorHost__call,
@@ -16839,7 +17737,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrluFactorHost(
         }) as u32
     }
 }
-///`cusolverSpScsrluSolveHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpScsrluSolveHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrluSolveHost(
     handle: *mut c_void,
@@ -16853,7 +17751,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrluSolveHost(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverSpScsrluSolveHost",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverSpScsrluSolveHost__call,
@@ -16880,7 +17778,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrluSolveHost(
         }) as u32
     }
 }
-///`cusolverSpScsrluZeroPivotHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpScsrluZeroPivotHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrluZeroPivotHost(
     handle: *mut c_void,
@@ -16892,7 +17790,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrluZeroPivotHost(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverSpScsrluZeroPivotHost",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverSpScsrluZeroPivotHost__call,
@@ -16917,7 +17815,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrluZeroPivotHost(
         }) as u32
     }
 }
-///`cusolverSpScsrqrBufferInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpScsrqrBufferInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrqrBufferInfo(
     handle: *mut c_void,
@@ -16951,7 +17849,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrqrBufferInfo(
         ) as u32
     }
 }
-///`cusolverSpScsrqrBufferInfoBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpScsrqrBufferInfoBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrqrBufferInfoBatched(
     handle: *mut c_void,
@@ -16987,7 +17885,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrqrBufferInfoBatched(
         ) as u32
     }
 }
-///`cusolverSpScsrqrBufferInfoHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpScsrqrBufferInfoHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrqrBufferInfoHost(
     handle: *mut c_void,
@@ -17006,7 +17904,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrqrBufferInfoHost(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverSpScsrqrBufferInfoHost",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverSpScsrqrBufferInfoHost__call,
@@ -17038,7 +17936,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrqrBufferInfoHost(
         }) as u32
     }
 }
-///`cusolverSpScsrqrFactor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverSpScsrqrFactor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrqrFactor(
     handle: *mut c_void,
@@ -17066,7 +17964,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrqrFactor(
         ) as u32
     }
 }
-///`cusolverSpScsrqrFactorHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpScsrqrFactorHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrqrFactorHost(
     handle: *mut c_void,
@@ -17082,7 +17980,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrqrFactorHost(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverSpScsrqrFactorHost",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverSpScsrqrFactorHost__call,
@@ -17111,7 +18009,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrqrFactorHost(
         }) as u32
     }
 }
-///`cusolverSpScsrqrSetup` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverSpScsrqrSetup` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrqrSetup(
     handle: *mut c_void,
@@ -17143,7 +18041,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrqrSetup(
         ) as u32
     }
 }
-///`cusolverSpScsrqrSetupHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpScsrqrSetupHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrqrSetupHost(
     handle: *mut c_void,
@@ -17161,7 +18059,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrqrSetupHost(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverSpScsrqrSetupHost",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverSpScsrqrSetupHost__call,
@@ -17192,7 +18090,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrqrSetupHost(
         }) as u32
     }
 }
-///`cusolverSpScsrqrSolve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverSpScsrqrSolve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrqrSolve(
     handle: *mut c_void,
@@ -17218,7 +18116,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrqrSolve(
         ) as u32
     }
 }
-///`cusolverSpScsrqrSolveHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpScsrqrSolveHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrqrSolveHost(
     handle: *mut c_void,
@@ -17233,7 +18131,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrqrSolveHost(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverSpScsrqrSolveHost",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverSpScsrqrSolveHost__call,
@@ -17261,7 +18159,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrqrSolveHost(
         }) as u32
     }
 }
-///`cusolverSpScsrqrZeroPivot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpScsrqrZeroPivot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrqrZeroPivot(
     handle: *mut c_void,
@@ -17281,7 +18179,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrqrZeroPivot(
         ) as u32
     }
 }
-///`cusolverSpScsrqrZeroPivotHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpScsrqrZeroPivotHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrqrZeroPivotHost(
     handle: *mut c_void,
@@ -17293,7 +18191,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrqrZeroPivotHost(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverSpScsrqrZeroPivotHost",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverSpScsrqrZeroPivotHost__call,
@@ -17318,7 +18216,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrqrZeroPivotHost(
         }) as u32
     }
 }
-///`cusolverSpScsrqrsvBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverSpScsrqrsvBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrqrsvBatched(
     handle: *mut c_void,
@@ -17356,7 +18254,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrqrsvBatched(
         ) as u32
     }
 }
-///`cusolverSpScsrzfdHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpScsrzfdHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrzfdHost(
     handle: *mut c_void,
@@ -17386,7 +18284,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpScsrzfdHost(
         ) as u32
     }
 }
-///`cusolverSpSetStream` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverSpSetStream` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpSetStream(
     handle: *mut c_void,
@@ -17399,7 +18297,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpSetStream(
         ) as u32
     }
 }
-///`cusolverSpXcsrcholAnalysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverSpXcsrcholAnalysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpXcsrcholAnalysis(
     handle: *mut c_void,
@@ -17425,7 +18323,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpXcsrcholAnalysis(
         ) as u32
     }
 }
-///`cusolverSpXcsrcholAnalysisHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpXcsrcholAnalysisHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpXcsrcholAnalysisHost(
     handle: *mut c_void,
@@ -17440,7 +18338,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpXcsrcholAnalysisHost(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverSpXcsrcholAnalysisHost",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverSpXcsrcholAnalysisHost__call,
@@ -17468,7 +18366,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpXcsrcholAnalysisHost(
         }) as u32
     }
 }
-///`cusolverSpXcsrissymHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpXcsrissymHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpXcsrissymHost(
     handle: *mut c_void,
@@ -17496,7 +18394,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpXcsrissymHost(
         ) as u32
     }
 }
-///`cusolverSpXcsrluAnalysisHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpXcsrluAnalysisHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpXcsrluAnalysisHost(
     handle: *mut c_void,
@@ -17511,7 +18409,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpXcsrluAnalysisHost(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverSpXcsrluAnalysisHost",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverSpXcsrluAnalysisHost__call,
@@ -17539,7 +18437,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpXcsrluAnalysisHost(
         }) as u32
     }
 }
-///`cusolverSpXcsrluNnzHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpXcsrluNnzHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpXcsrluNnzHost(
     handle: *mut c_void,
@@ -17551,7 +18449,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpXcsrluNnzHost(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverSpXcsrluNnzHost",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[&chidori_cuda::calls::cusolver::cusolverSpXcsrluNnzHost__call],
                 codes: chidori_cuda::desc::Codes {
@@ -17574,7 +18472,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpXcsrluNnzHost(
         }) as u32
     }
 }
-///`cusolverSpXcsrmetisndHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpXcsrmetisndHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpXcsrmetisndHost(
     handle: *mut c_void,
@@ -17602,7 +18500,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpXcsrmetisndHost(
         ) as u32
     }
 }
-///`cusolverSpXcsrpermHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpXcsrpermHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpXcsrpermHost(
     handle: *mut c_void,
@@ -17620,7 +18518,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpXcsrpermHost(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cusolverSpXcsrpermHost",
-            version: "13.1",
+            version: "13.5",
             library: "cusolver",
             forms: &[&chidori_cuda::calls::cusolver::cusolverSpXcsrpermHost__call],
             codes: chidori_cuda::desc::Codes {
@@ -17647,7 +18545,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpXcsrpermHost(
         )
     }
 }
-///`cusolverSpXcsrperm_bufferSizeHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpXcsrperm_bufferSizeHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpXcsrperm_bufferSizeHost(
     handle: *mut c_void,
@@ -17679,7 +18577,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpXcsrperm_bufferSizeHost(
         ) as u32
     }
 }
-///`cusolverSpXcsrqrAnalysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverSpXcsrqrAnalysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpXcsrqrAnalysis(
     handle: *mut c_void,
@@ -17707,7 +18605,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpXcsrqrAnalysis(
         ) as u32
     }
 }
-///`cusolverSpXcsrqrAnalysisBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverSpXcsrqrAnalysisBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpXcsrqrAnalysisBatched(
     handle: *mut c_void,
@@ -17735,7 +18633,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpXcsrqrAnalysisBatched(
         ) as u32
     }
 }
-///`cusolverSpXcsrqrAnalysisHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpXcsrqrAnalysisHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpXcsrqrAnalysisHost(
     handle: *mut c_void,
@@ -17751,7 +18649,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpXcsrqrAnalysisHost(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverSpXcsrqrAnalysisHost",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverSpXcsrqrAnalysisHost__call,
@@ -17780,7 +18678,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpXcsrqrAnalysisHost(
         }) as u32
     }
 }
-///`cusolverSpXcsrsymamdHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpXcsrsymamdHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpXcsrsymamdHost(
     handle: *mut c_void,
@@ -17806,7 +18704,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpXcsrsymamdHost(
         ) as u32
     }
 }
-///`cusolverSpXcsrsymmdqHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpXcsrsymmdqHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpXcsrsymmdqHost(
     handle: *mut c_void,
@@ -17832,7 +18730,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpXcsrsymmdqHost(
         ) as u32
     }
 }
-///`cusolverSpXcsrsymrcmHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpXcsrsymrcmHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpXcsrsymrcmHost(
     handle: *mut c_void,
@@ -17858,7 +18756,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpXcsrsymrcmHost(
         ) as u32
     }
 }
-///`cusolverSpZcsrcholBufferInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpZcsrcholBufferInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrcholBufferInfo(
     handle: *mut c_void,
@@ -17890,7 +18788,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrcholBufferInfo(
         ) as u32
     }
 }
-///`cusolverSpZcsrcholBufferInfoHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpZcsrcholBufferInfoHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrcholBufferInfoHost(
     handle: *mut c_void,
@@ -17908,7 +18806,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrcholBufferInfoHost(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverSpZcsrcholBufferInfoHost",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverSpZcsrcholBufferInfoHost__call,
@@ -17939,7 +18837,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrcholBufferInfoHost(
         }) as u32
     }
 }
-///`cusolverSpZcsrcholDiag` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverSpZcsrcholDiag` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrcholDiag(
     handle: *mut c_void,
@@ -17953,7 +18851,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrcholDiag(
         ) as u32
     }
 }
-///`cusolverSpZcsrcholFactor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverSpZcsrcholFactor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrcholFactor(
     handle: *mut c_void,
@@ -17983,7 +18881,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrcholFactor(
         ) as u32
     }
 }
-///`cusolverSpZcsrcholFactorHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpZcsrcholFactorHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrcholFactorHost(
     handle: *mut c_void,
@@ -18000,7 +18898,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrcholFactorHost(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverSpZcsrcholFactorHost",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverSpZcsrcholFactorHost__call,
@@ -18030,7 +18928,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrcholFactorHost(
         }) as u32
     }
 }
-///`cusolverSpZcsrcholSolve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverSpZcsrcholSolve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrcholSolve(
     handle: *mut c_void,
@@ -18054,7 +18952,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrcholSolve(
         ) as u32
     }
 }
-///`cusolverSpZcsrcholSolveHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpZcsrcholSolveHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrcholSolveHost(
     handle: *mut c_void,
@@ -18068,7 +18966,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrcholSolveHost(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverSpZcsrcholSolveHost",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverSpZcsrcholSolveHost__call,
@@ -18095,7 +18993,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrcholSolveHost(
         }) as u32
     }
 }
-///`cusolverSpZcsrcholZeroPivot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpZcsrcholZeroPivot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrcholZeroPivot(
     handle: *mut c_void,
@@ -18115,7 +19013,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrcholZeroPivot(
         ) as u32
     }
 }
-///`cusolverSpZcsrcholZeroPivotHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpZcsrcholZeroPivotHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrcholZeroPivotHost(
     handle: *mut c_void,
@@ -18127,7 +19025,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrcholZeroPivotHost(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverSpZcsrcholZeroPivotHost",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverSpZcsrcholZeroPivotHost__call,
@@ -18152,7 +19050,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrcholZeroPivotHost(
         }) as u32
     }
 }
-///`cusolverSpZcsreigsHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpZcsreigsHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsreigsHost(
     handle: *mut c_void,
@@ -18184,7 +19082,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsreigsHost(
         ) as u32
     }
 }
-///`cusolverSpZcsreigvsi` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverSpZcsreigvsi` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsreigvsi(
     handle: *mut c_void,
@@ -18222,7 +19120,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsreigvsi(
         ) as u32
     }
 }
-///`cusolverSpZcsreigvsiHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpZcsreigvsiHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsreigvsiHost(
     handle: *mut c_void,
@@ -18260,7 +19158,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsreigvsiHost(
         ) as u32
     }
 }
-///`cusolverSpZcsrlsqvqrHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpZcsrlsqvqrHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrlsqvqrHost(
     handle: *mut c_void,
@@ -18300,7 +19198,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrlsqvqrHost(
         ) as u32
     }
 }
-///`cusolverSpZcsrlsvchol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpZcsrlsvchol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrlsvchol(
     handle: *mut c_void,
@@ -18336,7 +19234,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrlsvchol(
         ) as u32
     }
 }
-///`cusolverSpZcsrlsvcholHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpZcsrlsvcholHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrlsvcholHost(
     handle: *mut c_void,
@@ -18372,7 +19270,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrlsvcholHost(
         ) as u32
     }
 }
-///`cusolverSpZcsrlsvluHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpZcsrlsvluHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrlsvluHost(
     handle: *mut c_void,
@@ -18408,7 +19306,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrlsvluHost(
         ) as u32
     }
 }
-///`cusolverSpZcsrlsvqr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpZcsrlsvqr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrlsvqr(
     handle: *mut c_void,
@@ -18444,7 +19342,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrlsvqr(
         ) as u32
     }
 }
-///`cusolverSpZcsrlsvqrHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpZcsrlsvqrHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrlsvqrHost(
     handle: *mut c_void,
@@ -18480,7 +19378,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrlsvqrHost(
         ) as u32
     }
 }
-///`cusolverSpZcsrluBufferInfoHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpZcsrluBufferInfoHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrluBufferInfoHost(
     handle: *mut c_void,
@@ -18498,7 +19396,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrluBufferInfoHost(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverSpZcsrluBufferInfoHost",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverSpZcsrluBufferInfoHost__call,
@@ -18529,7 +19427,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrluBufferInfoHost(
         }) as u32
     }
 }
-///`cusolverSpZcsrluExtractHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpZcsrluExtractHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrluExtractHost(
     handle: *mut c_void,
@@ -18550,7 +19448,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrluExtractHost(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverSpZcsrluExtractHost",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverSpZcsrluExtractHost__call,
@@ -18584,7 +19482,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrluExtractHost(
         }) as u32
     }
 }
-///`cusolverSpZcsrluFactorHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpZcsrluFactorHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrluFactorHost(
     handle: *mut c_void,
@@ -18602,7 +19500,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrluFactorHost(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverSpZcsrluFactorHost",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverSpZcsrluFactorHost__call,
@@ -18633,7 +19531,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrluFactorHost(
         }) as u32
     }
 }
-///`cusolverSpZcsrluSolveHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpZcsrluSolveHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrluSolveHost(
     handle: *mut c_void,
@@ -18647,7 +19545,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrluSolveHost(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverSpZcsrluSolveHost",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverSpZcsrluSolveHost__call,
@@ -18674,7 +19572,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrluSolveHost(
         }) as u32
     }
 }
-///`cusolverSpZcsrluZeroPivotHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpZcsrluZeroPivotHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrluZeroPivotHost(
     handle: *mut c_void,
@@ -18686,7 +19584,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrluZeroPivotHost(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverSpZcsrluZeroPivotHost",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverSpZcsrluZeroPivotHost__call,
@@ -18711,7 +19609,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrluZeroPivotHost(
         }) as u32
     }
 }
-///`cusolverSpZcsrqrBufferInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpZcsrqrBufferInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrqrBufferInfo(
     handle: *mut c_void,
@@ -18745,7 +19643,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrqrBufferInfo(
         ) as u32
     }
 }
-///`cusolverSpZcsrqrBufferInfoBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpZcsrqrBufferInfoBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrqrBufferInfoBatched(
     handle: *mut c_void,
@@ -18781,7 +19679,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrqrBufferInfoBatched(
         ) as u32
     }
 }
-///`cusolverSpZcsrqrBufferInfoHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpZcsrqrBufferInfoHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrqrBufferInfoHost(
     handle: *mut c_void,
@@ -18800,7 +19698,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrqrBufferInfoHost(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverSpZcsrqrBufferInfoHost",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverSpZcsrqrBufferInfoHost__call,
@@ -18832,7 +19730,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrqrBufferInfoHost(
         }) as u32
     }
 }
-///`cusolverSpZcsrqrFactor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverSpZcsrqrFactor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrqrFactor(
     handle: *mut c_void,
@@ -18860,7 +19758,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrqrFactor(
         ) as u32
     }
 }
-///`cusolverSpZcsrqrFactorHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpZcsrqrFactorHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrqrFactorHost(
     handle: *mut c_void,
@@ -18876,7 +19774,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrqrFactorHost(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverSpZcsrqrFactorHost",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverSpZcsrqrFactorHost__call,
@@ -18905,7 +19803,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrqrFactorHost(
         }) as u32
     }
 }
-///`cusolverSpZcsrqrSetup` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverSpZcsrqrSetup` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrqrSetup(
     handle: *mut c_void,
@@ -18937,7 +19835,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrqrSetup(
         ) as u32
     }
 }
-///`cusolverSpZcsrqrSetupHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpZcsrqrSetupHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrqrSetupHost(
     handle: *mut c_void,
@@ -18955,7 +19853,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrqrSetupHost(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverSpZcsrqrSetupHost",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverSpZcsrqrSetupHost__call,
@@ -18986,7 +19884,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrqrSetupHost(
         }) as u32
     }
 }
-///`cusolverSpZcsrqrSolve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverSpZcsrqrSolve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrqrSolve(
     handle: *mut c_void,
@@ -19012,7 +19910,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrqrSolve(
         ) as u32
     }
 }
-///`cusolverSpZcsrqrSolveHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpZcsrqrSolveHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrqrSolveHost(
     handle: *mut c_void,
@@ -19027,7 +19925,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrqrSolveHost(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverSpZcsrqrSolveHost",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverSpZcsrqrSolveHost__call,
@@ -19055,7 +19953,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrqrSolveHost(
         }) as u32
     }
 }
-///`cusolverSpZcsrqrZeroPivot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpZcsrqrZeroPivot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrqrZeroPivot(
     handle: *mut c_void,
@@ -19075,7 +19973,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrqrZeroPivot(
         ) as u32
     }
 }
-///`cusolverSpZcsrqrZeroPivotHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusolverSpZcsrqrZeroPivotHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrqrZeroPivotHost(
     handle: *mut c_void,
@@ -19087,7 +19985,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrqrZeroPivotHost(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusolverSpZcsrqrZeroPivotHost",
-                version: "13.1",
+                version: "13.5",
                 library: "cusolver",
                 forms: &[
                     &chidori_cuda::calls::cusolver::cusolverSpZcsrqrZeroPivotHost__call,
@@ -19112,7 +20010,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrqrZeroPivotHost(
         }) as u32
     }
 }
-///`cusolverSpZcsrqrsvBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusolverSpZcsrqrsvBatched` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrqrsvBatched(
     handle: *mut c_void,
@@ -19150,7 +20048,7 @@ pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrqrsvBatched(
         ) as u32
     }
 }
-///`cusolverSpZcsrzfdHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusolverSpZcsrzfdHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusolver_cusolverSpZcsrzfdHost(
     handle: *mut c_void,

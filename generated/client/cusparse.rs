@@ -4,7 +4,7 @@
 
 #[allow(unused_imports)]
 use core::ffi::c_void;
-///`cusparseAxpby` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseAxpby` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseAxpby(
     handle: *mut c_void,
@@ -26,7 +26,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseAxpby(
         ) as u32
     }
 }
-///`cusparseBlockedEllGet` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseBlockedEllGet` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseBlockedEllGet(
     spMatDescr: *mut c_void,
@@ -58,7 +58,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseBlockedEllGet(
         ) as u32
     }
 }
-///`cusparseBsrSetStridedBatch` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseBsrSetStridedBatch` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseBsrSetStridedBatch(
     spMatDescr: *mut c_void,
@@ -106,7 +106,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCaxpyi(
         ) as u32
     }
 }
-///`cusparseCbsr2csr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseCbsr2csr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsr2csr(
     handle: *mut c_void,
@@ -144,7 +144,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsr2csr(
         ) as u32
     }
 }
-///`cusparseCbsric02` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseCbsric02` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsric02(
     handle: *mut c_void,
@@ -180,7 +180,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsric02(
         ) as u32
     }
 }
-///`cusparseCbsric02_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseCbsric02_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsric02_analysis(
     handle: *mut c_void,
@@ -216,7 +216,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsric02_analysis(
         ) as u32
     }
 }
-///`cusparseCbsric02_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCbsric02_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsric02_bufferSize(
     handle: *mut c_void,
@@ -250,7 +250,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsric02_bufferSize(
         ) as u32
     }
 }
-///`cusparseCbsric02_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCbsric02_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsric02_bufferSizeExt(
     handle: *mut c_void,
@@ -284,7 +284,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsric02_bufferSizeExt(
         ) as u32
     }
 }
-///`cusparseCbsrilu02` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseCbsrilu02` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsrilu02(
     handle: *mut c_void,
@@ -320,7 +320,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsrilu02(
         ) as u32
     }
 }
-///`cusparseCbsrilu02_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseCbsrilu02_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsrilu02_analysis(
     handle: *mut c_void,
@@ -356,7 +356,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsrilu02_analysis(
         ) as u32
     }
 }
-///`cusparseCbsrilu02_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCbsrilu02_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsrilu02_bufferSize(
     handle: *mut c_void,
@@ -390,7 +390,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsrilu02_bufferSize(
         ) as u32
     }
 }
-///`cusparseCbsrilu02_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCbsrilu02_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsrilu02_bufferSizeExt(
     handle: *mut c_void,
@@ -424,7 +424,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsrilu02_bufferSizeExt(
         ) as u32
     }
 }
-///`cusparseCbsrilu02_numericBoost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseCbsrilu02_numericBoost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsrilu02_numericBoost(
     handle: *mut c_void,
@@ -446,7 +446,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsrilu02_numericBoost(
         ) as u32
     }
 }
-///`cusparseCbsrmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseCbsrmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsrmm(
     handle: *mut c_void,
@@ -496,7 +496,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsrmm(
         ) as u32
     }
 }
-///`cusparseCbsrmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseCbsrmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsrmv(
     handle: *mut c_void,
@@ -538,7 +538,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsrmv(
         ) as u32
     }
 }
-///`cusparseCbsrsm2_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseCbsrsm2_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsrsm2_analysis(
     handle: *mut c_void,
@@ -580,7 +580,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsrsm2_analysis(
         ) as u32
     }
 }
-///`cusparseCbsrsm2_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCbsrsm2_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsrsm2_bufferSize(
     handle: *mut c_void,
@@ -620,7 +620,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsrsm2_bufferSize(
         ) as u32
     }
 }
-///`cusparseCbsrsm2_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCbsrsm2_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsrsm2_bufferSizeExt(
     handle: *mut c_void,
@@ -660,7 +660,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsrsm2_bufferSizeExt(
         ) as u32
     }
 }
-///`cusparseCbsrsm2_solve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseCbsrsm2_solve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsrsm2_solve(
     handle: *mut c_void,
@@ -712,7 +712,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsrsm2_solve(
         ) as u32
     }
 }
-///`cusparseCbsrsv2_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseCbsrsv2_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsrsv2_analysis(
     handle: *mut c_void,
@@ -750,7 +750,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsrsv2_analysis(
         ) as u32
     }
 }
-///`cusparseCbsrsv2_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCbsrsv2_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsrsv2_bufferSize(
     handle: *mut c_void,
@@ -786,7 +786,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsrsv2_bufferSize(
         ) as u32
     }
 }
-///`cusparseCbsrsv2_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCbsrsv2_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsrsv2_bufferSizeExt(
     handle: *mut c_void,
@@ -822,7 +822,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsrsv2_bufferSizeExt(
         ) as u32
     }
 }
-///`cusparseCbsrsv2_solve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseCbsrsv2_solve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsrsv2_solve(
     handle: *mut c_void,
@@ -866,7 +866,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsrsv2_solve(
         ) as u32
     }
 }
-///`cusparseCbsrxmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseCbsrxmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCbsrxmv(
     handle: *mut c_void,
@@ -944,7 +944,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsc2dense(
         ) as u32
     }
 }
-///`cusparseCcsr2bsr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseCcsr2bsr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsr2bsr(
     handle: *mut c_void,
@@ -982,7 +982,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsr2bsr(
         ) as u32
     }
 }
-///`cusparseCcsr2csr_compress` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseCcsr2csr_compress` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsr2csr_compress(
     handle: *mut c_void,
@@ -1020,7 +1020,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsr2csr_compress(
         ) as u32
     }
 }
-///`cusparseCcsr2csru` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseCcsr2csru` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsr2csru(
     handle: *mut c_void,
@@ -1082,7 +1082,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsr2dense(
         ) as u32
     }
 }
-///`cusparseCcsr2gebsr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseCcsr2gebsr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsr2gebsr(
     handle: *mut c_void,
@@ -1124,7 +1124,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsr2gebsr(
         ) as u32
     }
 }
-///`cusparseCcsr2gebsr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCcsr2gebsr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsr2gebsr_bufferSize(
     handle: *mut c_void,
@@ -1158,7 +1158,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsr2gebsr_bufferSize(
         ) as u32
     }
 }
-///`cusparseCcsr2gebsr_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCcsr2gebsr_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsr2gebsr_bufferSizeExt(
     handle: *mut c_void,
@@ -1192,7 +1192,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsr2gebsr_bufferSizeExt(
         ) as u32
     }
 }
-///`cusparseCcsrcolor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCcsrcolor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsrcolor(
     handle: *mut c_void,
@@ -1228,7 +1228,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsrcolor(
         ) as u32
     }
 }
-///`cusparseCcsrgeam2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseCcsrgeam2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsrgeam2(
     handle: *mut c_void,
@@ -1280,7 +1280,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsrgeam2(
         ) as u32
     }
 }
-///`cusparseCcsrgeam2_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCcsrgeam2_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsrgeam2_bufferSizeExt(
     handle: *mut c_void,
@@ -1450,7 +1450,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsrgemm2_bufferSizeExt(
         ) as u32
     }
 }
-///`cusparseCcsric02` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseCcsric02` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsric02(
     handle: *mut c_void,
@@ -1482,7 +1482,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsric02(
         ) as u32
     }
 }
-///`cusparseCcsric02_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseCcsric02_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsric02_analysis(
     handle: *mut c_void,
@@ -1514,7 +1514,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsric02_analysis(
         ) as u32
     }
 }
-///`cusparseCcsric02_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCcsric02_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsric02_bufferSize(
     handle: *mut c_void,
@@ -1544,7 +1544,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsric02_bufferSize(
         ) as u32
     }
 }
-///`cusparseCcsric02_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCcsric02_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsric02_bufferSizeExt(
     handle: *mut c_void,
@@ -1574,7 +1574,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsric02_bufferSizeExt(
         ) as u32
     }
 }
-///`cusparseCcsrilu02` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseCcsrilu02` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsrilu02(
     handle: *mut c_void,
@@ -1606,7 +1606,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsrilu02(
         ) as u32
     }
 }
-///`cusparseCcsrilu02_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseCcsrilu02_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsrilu02_analysis(
     handle: *mut c_void,
@@ -1638,7 +1638,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsrilu02_analysis(
         ) as u32
     }
 }
-///`cusparseCcsrilu02_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCcsrilu02_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsrilu02_bufferSize(
     handle: *mut c_void,
@@ -1668,7 +1668,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsrilu02_bufferSize(
         ) as u32
     }
 }
-///`cusparseCcsrilu02_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCcsrilu02_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsrilu02_bufferSizeExt(
     handle: *mut c_void,
@@ -1698,7 +1698,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsrilu02_bufferSizeExt(
         ) as u32
     }
 }
-///`cusparseCcsrilu02_numericBoost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseCcsrilu02_numericBoost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsrilu02_numericBoost(
     handle: *mut c_void,
@@ -1996,7 +1996,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsrsv2_solve(
         ) as u32
     }
 }
-///`cusparseCcsru2csr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseCcsru2csr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsru2csr(
     handle: *mut c_void,
@@ -2028,7 +2028,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsru2csr(
         ) as u32
     }
 }
-///`cusparseCcsru2csr_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCcsru2csr_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCcsru2csr_bufferSizeExt(
     handle: *mut c_void,
@@ -2122,7 +2122,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCdense2csr(
         ) as u32
     }
 }
-///`cusparseCgebsr2csr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseCgebsr2csr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCgebsr2csr(
     handle: *mut c_void,
@@ -2162,7 +2162,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCgebsr2csr(
         ) as u32
     }
 }
-///`cusparseCgebsr2gebsc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseCgebsr2gebsc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCgebsr2gebsc(
     handle: *mut c_void,
@@ -2204,7 +2204,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCgebsr2gebsc(
         ) as u32
     }
 }
-///`cusparseCgebsr2gebsc_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCgebsr2gebsc_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCgebsr2gebsc_bufferSize(
     handle: *mut c_void,
@@ -2236,7 +2236,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCgebsr2gebsc_bufferSize(
         ) as u32
     }
 }
-///`cusparseCgebsr2gebsc_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCgebsr2gebsc_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCgebsr2gebsc_bufferSizeExt(
     handle: *mut c_void,
@@ -2268,7 +2268,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCgebsr2gebsc_bufferSizeExt(
         ) as u32
     }
 }
-///`cusparseCgebsr2gebsr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseCgebsr2gebsr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCgebsr2gebsr(
     handle: *mut c_void,
@@ -2316,7 +2316,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCgebsr2gebsr(
         ) as u32
     }
 }
-///`cusparseCgebsr2gebsr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCgebsr2gebsr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCgebsr2gebsr_bufferSize(
     handle: *mut c_void,
@@ -2356,7 +2356,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCgebsr2gebsr_bufferSize(
         ) as u32
     }
 }
-///`cusparseCgebsr2gebsr_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCgebsr2gebsr_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCgebsr2gebsr_bufferSizeExt(
     handle: *mut c_void,
@@ -2436,7 +2436,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCgemmi(
         ) as u32
     }
 }
-///`cusparseCgemvi` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseCgemvi` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCgemvi(
     handle: *mut c_void,
@@ -2476,7 +2476,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCgemvi(
         ) as u32
     }
 }
-///`cusparseCgemvi_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCgemvi_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCgemvi_bufferSize(
     handle: *mut c_void,
@@ -2500,7 +2500,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCgemvi_bufferSize(
         ) as u32
     }
 }
-///`cusparseCgpsvInterleavedBatch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseCgpsvInterleavedBatch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCgpsvInterleavedBatch(
     handle: *mut c_void,
@@ -2534,7 +2534,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCgpsvInterleavedBatch(
         ) as u32
     }
 }
-///`cusparseCgpsvInterleavedBatch_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCgpsvInterleavedBatch_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCgpsvInterleavedBatch_bufferSizeExt(
     handle: *mut c_void,
@@ -2616,7 +2616,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCgthrz(
         ) as u32
     }
 }
-///`cusparseCgtsv2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseCgtsv2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCgtsv2(
     handle: *mut c_void,
@@ -2646,7 +2646,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCgtsv2(
         ) as u32
     }
 }
-///`cusparseCgtsv2StridedBatch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseCgtsv2StridedBatch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCgtsv2StridedBatch(
     handle: *mut c_void,
@@ -2676,7 +2676,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCgtsv2StridedBatch(
         ) as u32
     }
 }
-///`cusparseCgtsv2StridedBatch_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCgtsv2StridedBatch_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCgtsv2StridedBatch_bufferSizeExt(
     handle: *mut c_void,
@@ -2706,7 +2706,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCgtsv2StridedBatch_bufferSiz
         ) as u32
     }
 }
-///`cusparseCgtsv2_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCgtsv2_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCgtsv2_bufferSizeExt(
     handle: *mut c_void,
@@ -2736,7 +2736,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCgtsv2_bufferSizeExt(
         ) as u32
     }
 }
-///`cusparseCgtsv2_nopivot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseCgtsv2_nopivot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCgtsv2_nopivot(
     handle: *mut c_void,
@@ -2766,7 +2766,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCgtsv2_nopivot(
         ) as u32
     }
 }
-///`cusparseCgtsv2_nopivot_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCgtsv2_nopivot_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCgtsv2_nopivot_bufferSizeExt(
     handle: *mut c_void,
@@ -2796,7 +2796,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCgtsv2_nopivot_bufferSizeExt
         ) as u32
     }
 }
-///`cusparseCgtsvInterleavedBatch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseCgtsvInterleavedBatch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCgtsvInterleavedBatch(
     handle: *mut c_void,
@@ -2826,7 +2826,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCgtsvInterleavedBatch(
         ) as u32
     }
 }
-///`cusparseCgtsvInterleavedBatch_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCgtsvInterleavedBatch_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCgtsvInterleavedBatch_bufferSizeExt(
     handle: *mut c_void,
@@ -2856,7 +2856,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCgtsvInterleavedBatch_buffer
         ) as u32
     }
 }
-///`cusparseCnnz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCnnz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCnnz(
     handle: *mut c_void,
@@ -2886,7 +2886,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCnnz(
         ) as u32
     }
 }
-///`cusparseCnnz_compress` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCnnz_compress` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCnnz_compress(
     handle: *mut c_void,
@@ -2914,7 +2914,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCnnz_compress(
         ) as u32
     }
 }
-///`cusparseConstBlockedEllGet` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseConstBlockedEllGet` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseConstBlockedEllGet(
     spMatDescr: *mut c_void,
@@ -2946,7 +2946,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseConstBlockedEllGet(
         ) as u32
     }
 }
-///`cusparseConstCooGet` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseConstCooGet` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseConstCooGet(
     spMatDescr: *mut c_void,
@@ -2978,7 +2978,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseConstCooGet(
         ) as u32
     }
 }
-///`cusparseConstCscGet` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseConstCscGet` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseConstCscGet(
     spMatDescr: *mut c_void,
@@ -3012,7 +3012,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseConstCscGet(
         ) as u32
     }
 }
-///`cusparseConstCsrGet` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseConstCsrGet` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseConstCsrGet(
     spMatDescr: *mut c_void,
@@ -3046,7 +3046,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseConstCsrGet(
         ) as u32
     }
 }
-///`cusparseConstDnMatGet` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseConstDnMatGet` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseConstDnMatGet(
     dnMatDescr: *mut c_void,
@@ -3072,7 +3072,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseConstDnMatGet(
         ) as u32
     }
 }
-///`cusparseConstDnMatGetValues` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseConstDnMatGetValues` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseConstDnMatGetValues(
     dnMatDescr: *mut c_void,
@@ -3085,7 +3085,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseConstDnMatGetValues(
         ) as u32
     }
 }
-///`cusparseConstDnVecGet` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseConstDnVecGet` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseConstDnVecGet(
     dnVecDescr: *mut c_void,
@@ -3105,7 +3105,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseConstDnVecGet(
         ) as u32
     }
 }
-///`cusparseConstDnVecGetValues` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseConstDnVecGetValues` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseConstDnVecGetValues(
     dnVecDescr: *mut c_void,
@@ -3118,7 +3118,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseConstDnVecGetValues(
         ) as u32
     }
 }
-///`cusparseConstSpMatGetValues` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseConstSpMatGetValues` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseConstSpMatGetValues(
     spMatDescr: *mut c_void,
@@ -3131,7 +3131,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseConstSpMatGetValues(
         ) as u32
     }
 }
-///`cusparseConstSpVecGet` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseConstSpVecGet` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseConstSpVecGet(
     spVecDescr: *mut c_void,
@@ -3159,7 +3159,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseConstSpVecGet(
         ) as u32
     }
 }
-///`cusparseConstSpVecGetValues` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseConstSpVecGetValues` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseConstSpVecGetValues(
     spVecDescr: *mut c_void,
@@ -3266,7 +3266,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCooAoSGet(
         ) as u32
     }
 }
-///`cusparseCooGet` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCooGet` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCooGet(
     spMatDescr: *mut c_void,
@@ -3298,7 +3298,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCooGet(
         ) as u32
     }
 }
-///`cusparseCooSetPointers` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseCooSetPointers` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCooSetPointers(
     spMatDescr: *mut c_void,
@@ -3318,7 +3318,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCooSetPointers(
         ) as u32
     }
 }
-///`cusparseCooSetStridedBatch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseCooSetStridedBatch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCooSetStridedBatch(
     spMatDescr: *mut c_void,
@@ -3349,12 +3349,12 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCopyMatDescr(
         ) as u32
     }
 }
-///`cusparseCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusparseCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCreate(handle: *mut c_void) -> u32 {
     unsafe { crate::custom::cusparse::cusparseCreate(handle) }
 }
-///`cusparseCreateBlockedEll` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseCreateBlockedEll` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateBlockedEll(
     spMatDescr: *mut c_void,
@@ -3386,7 +3386,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateBlockedEll(
         ) as u32
     }
 }
-///`cusparseCreateBsr` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseCreateBsr` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateBsr(
     spMatDescr: *mut c_void,
@@ -3426,7 +3426,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateBsr(
         ) as u32
     }
 }
-///`cusparseCreateBsric02Info` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCreateBsric02Info` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateBsric02Info(
     info: *mut c_void,
@@ -3438,7 +3438,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateBsric02Info(
         ) as u32
     }
 }
-///`cusparseCreateBsrilu02Info` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCreateBsrilu02Info` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateBsrilu02Info(
     info: *mut c_void,
@@ -3450,7 +3450,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateBsrilu02Info(
         ) as u32
     }
 }
-///`cusparseCreateBsrsm2Info` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCreateBsrsm2Info` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateBsrsm2Info(
     info: *mut c_void,
@@ -3462,7 +3462,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateBsrsm2Info(
         ) as u32
     }
 }
-///`cusparseCreateBsrsv2Info` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCreateBsrsv2Info` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateBsrsv2Info(
     info: *mut c_void,
@@ -3474,7 +3474,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateBsrsv2Info(
         ) as u32
     }
 }
-///`cusparseCreateColorInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCreateColorInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateColorInfo(
     info: *mut c_void,
@@ -3486,7 +3486,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateColorInfo(
         ) as u32
     }
 }
-///`cusparseCreateConstBlockedEll` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseCreateConstBlockedEll` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateConstBlockedEll(
     spMatDescr: *mut c_void,
@@ -3518,7 +3518,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateConstBlockedEll(
         ) as u32
     }
 }
-///`cusparseCreateConstBsr` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseCreateConstBsr` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateConstBsr(
     spMatDescr: *mut c_void,
@@ -3558,7 +3558,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateConstBsr(
         ) as u32
     }
 }
-///`cusparseCreateConstCoo` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseCreateConstCoo` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateConstCoo(
     spMatDescr: *mut c_void,
@@ -3590,7 +3590,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateConstCoo(
         ) as u32
     }
 }
-///`cusparseCreateConstCsc` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseCreateConstCsc` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateConstCsc(
     spMatDescr: *mut c_void,
@@ -3624,7 +3624,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateConstCsc(
         ) as u32
     }
 }
-///`cusparseCreateConstCsr` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseCreateConstCsr` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateConstCsr(
     spMatDescr: *mut c_void,
@@ -3658,7 +3658,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateConstCsr(
         ) as u32
     }
 }
-///`cusparseCreateConstDnMat` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseCreateConstDnMat` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateConstDnMat(
     dnMatDescr: *mut c_void,
@@ -3684,7 +3684,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateConstDnMat(
         ) as u32
     }
 }
-///`cusparseCreateConstDnVec` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseCreateConstDnVec` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateConstDnVec(
     dnVecDescr: *mut c_void,
@@ -3704,7 +3704,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateConstDnVec(
         ) as u32
     }
 }
-///`cusparseCreateConstSlicedEll` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseCreateConstSlicedEll` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateConstSlicedEll(
     spMatDescr: *mut c_void,
@@ -3742,7 +3742,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateConstSlicedEll(
         ) as u32
     }
 }
-///`cusparseCreateConstSpVec` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseCreateConstSpVec` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateConstSpVec(
     spVecDescr: *mut c_void,
@@ -3770,7 +3770,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateConstSpVec(
         ) as u32
     }
 }
-///`cusparseCreateCoo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseCreateCoo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateCoo(
     spMatDescr: *mut c_void,
@@ -3832,7 +3832,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateCooAoS(
         ) as u32
     }
 }
-///`cusparseCreateCsc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseCreateCsc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateCsc(
     spMatDescr: *mut c_void,
@@ -3866,7 +3866,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateCsc(
         ) as u32
     }
 }
-///`cusparseCreateCsr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseCreateCsr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateCsr(
     spMatDescr: *mut c_void,
@@ -3912,7 +3912,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateCsrgemm2Info(
         ) as u32
     }
 }
-///`cusparseCreateCsric02Info` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCreateCsric02Info` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateCsric02Info(
     info: *mut c_void,
@@ -3924,7 +3924,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateCsric02Info(
         ) as u32
     }
 }
-///`cusparseCreateCsrilu02Info` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCreateCsrilu02Info` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateCsrilu02Info(
     info: *mut c_void,
@@ -3960,7 +3960,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateCsrsv2Info(
         ) as u32
     }
 }
-///`cusparseCreateCsru2csrInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCreateCsru2csrInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateCsru2csrInfo(
     info: *mut c_void,
@@ -3972,7 +3972,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateCsru2csrInfo(
         ) as u32
     }
 }
-///`cusparseCreateDnMat` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseCreateDnMat` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateDnMat(
     dnMatDescr: *mut c_void,
@@ -3998,7 +3998,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateDnMat(
         ) as u32
     }
 }
-///`cusparseCreateDnVec` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseCreateDnVec` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateDnVec(
     dnVecDescr: *mut c_void,
@@ -4018,7 +4018,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateDnVec(
         ) as u32
     }
 }
-///`cusparseCreateIdentityPermutation` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseCreateIdentityPermutation` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateIdentityPermutation(
     handle: *mut c_void,
@@ -4032,7 +4032,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateIdentityPermutation(
         ) as u32
     }
 }
-///`cusparseCreateMatDescr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseCreateMatDescr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateMatDescr(
     descrA: *mut c_void,
@@ -4044,7 +4044,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateMatDescr(
         ) as u32
     }
 }
-///`cusparseCreatePruneInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCreatePruneInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCreatePruneInfo(
     info: *mut c_void,
@@ -4056,7 +4056,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCreatePruneInfo(
         ) as u32
     }
 }
-///`cusparseCreateSlicedEll` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseCreateSlicedEll` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateSlicedEll(
     spMatDescr: *mut c_void,
@@ -4094,7 +4094,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateSlicedEll(
         ) as u32
     }
 }
-///`cusparseCreateSpVec` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseCreateSpVec` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateSpVec(
     spVecDescr: *mut c_void,
@@ -4122,7 +4122,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCreateSpVec(
         ) as u32
     }
 }
-///`cusparseCscGet` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCscGet` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCscGet(
     spMatDescr: *mut c_void,
@@ -4156,7 +4156,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCscGet(
         ) as u32
     }
 }
-///`cusparseCscSetPointers` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseCscSetPointers` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCscSetPointers(
     spMatDescr: *mut c_void,
@@ -4200,7 +4200,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCsctr(
         ) as u32
     }
 }
-///`cusparseCsr2cscEx2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseCsr2cscEx2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCsr2cscEx2(
     handle: *mut c_void,
@@ -4242,7 +4242,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCsr2cscEx2(
         ) as u32
     }
 }
-///`cusparseCsr2cscEx2_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCsr2cscEx2_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCsr2cscEx2_bufferSize(
     handle: *mut c_void,
@@ -4284,7 +4284,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCsr2cscEx2_bufferSize(
         ) as u32
     }
 }
-///`cusparseCsrGet` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseCsrGet` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCsrGet(
     spMatDescr: *mut c_void,
@@ -4318,7 +4318,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCsrGet(
         ) as u32
     }
 }
-///`cusparseCsrSetPointers` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseCsrSetPointers` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCsrSetPointers(
     spMatDescr: *mut c_void,
@@ -4338,7 +4338,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseCsrSetPointers(
         ) as u32
     }
 }
-///`cusparseCsrSetStridedBatch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseCsrSetStridedBatch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseCsrSetStridedBatch(
     spMatDescr: *mut c_void,
@@ -4492,7 +4492,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDaxpyi(
         ) as u32
     }
 }
-///`cusparseDbsr2csr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseDbsr2csr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsr2csr(
     handle: *mut c_void,
@@ -4530,7 +4530,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsr2csr(
         ) as u32
     }
 }
-///`cusparseDbsric02` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseDbsric02` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsric02(
     handle: *mut c_void,
@@ -4566,7 +4566,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsric02(
         ) as u32
     }
 }
-///`cusparseDbsric02_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseDbsric02_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsric02_analysis(
     handle: *mut c_void,
@@ -4602,7 +4602,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsric02_analysis(
         ) as u32
     }
 }
-///`cusparseDbsric02_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseDbsric02_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsric02_bufferSize(
     handle: *mut c_void,
@@ -4636,7 +4636,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsric02_bufferSize(
         ) as u32
     }
 }
-///`cusparseDbsric02_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseDbsric02_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsric02_bufferSizeExt(
     handle: *mut c_void,
@@ -4670,7 +4670,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsric02_bufferSizeExt(
         ) as u32
     }
 }
-///`cusparseDbsrilu02` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseDbsrilu02` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsrilu02(
     handle: *mut c_void,
@@ -4706,7 +4706,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsrilu02(
         ) as u32
     }
 }
-///`cusparseDbsrilu02_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseDbsrilu02_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsrilu02_analysis(
     handle: *mut c_void,
@@ -4742,7 +4742,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsrilu02_analysis(
         ) as u32
     }
 }
-///`cusparseDbsrilu02_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseDbsrilu02_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsrilu02_bufferSize(
     handle: *mut c_void,
@@ -4776,7 +4776,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsrilu02_bufferSize(
         ) as u32
     }
 }
-///`cusparseDbsrilu02_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseDbsrilu02_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsrilu02_bufferSizeExt(
     handle: *mut c_void,
@@ -4810,7 +4810,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsrilu02_bufferSizeExt(
         ) as u32
     }
 }
-///`cusparseDbsrilu02_numericBoost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseDbsrilu02_numericBoost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsrilu02_numericBoost(
     handle: *mut c_void,
@@ -4832,7 +4832,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsrilu02_numericBoost(
         ) as u32
     }
 }
-///`cusparseDbsrmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseDbsrmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsrmm(
     handle: *mut c_void,
@@ -4882,7 +4882,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsrmm(
         ) as u32
     }
 }
-///`cusparseDbsrmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseDbsrmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsrmv(
     handle: *mut c_void,
@@ -4924,7 +4924,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsrmv(
         ) as u32
     }
 }
-///`cusparseDbsrsm2_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseDbsrsm2_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsrsm2_analysis(
     handle: *mut c_void,
@@ -4966,7 +4966,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsrsm2_analysis(
         ) as u32
     }
 }
-///`cusparseDbsrsm2_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseDbsrsm2_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsrsm2_bufferSize(
     handle: *mut c_void,
@@ -5006,7 +5006,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsrsm2_bufferSize(
         ) as u32
     }
 }
-///`cusparseDbsrsm2_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseDbsrsm2_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsrsm2_bufferSizeExt(
     handle: *mut c_void,
@@ -5046,7 +5046,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsrsm2_bufferSizeExt(
         ) as u32
     }
 }
-///`cusparseDbsrsm2_solve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseDbsrsm2_solve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsrsm2_solve(
     handle: *mut c_void,
@@ -5098,7 +5098,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsrsm2_solve(
         ) as u32
     }
 }
-///`cusparseDbsrsv2_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseDbsrsv2_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsrsv2_analysis(
     handle: *mut c_void,
@@ -5136,7 +5136,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsrsv2_analysis(
         ) as u32
     }
 }
-///`cusparseDbsrsv2_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseDbsrsv2_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsrsv2_bufferSize(
     handle: *mut c_void,
@@ -5172,7 +5172,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsrsv2_bufferSize(
         ) as u32
     }
 }
-///`cusparseDbsrsv2_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseDbsrsv2_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsrsv2_bufferSizeExt(
     handle: *mut c_void,
@@ -5208,7 +5208,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsrsv2_bufferSizeExt(
         ) as u32
     }
 }
-///`cusparseDbsrsv2_solve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseDbsrsv2_solve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsrsv2_solve(
     handle: *mut c_void,
@@ -5252,7 +5252,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsrsv2_solve(
         ) as u32
     }
 }
-///`cusparseDbsrxmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseDbsrxmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDbsrxmv(
     handle: *mut c_void,
@@ -5330,7 +5330,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsc2dense(
         ) as u32
     }
 }
-///`cusparseDcsr2bsr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseDcsr2bsr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsr2bsr(
     handle: *mut c_void,
@@ -5368,7 +5368,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsr2bsr(
         ) as u32
     }
 }
-///`cusparseDcsr2csr_compress` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseDcsr2csr_compress` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsr2csr_compress(
     handle: *mut c_void,
@@ -5406,7 +5406,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsr2csr_compress(
         ) as u32
     }
 }
-///`cusparseDcsr2csru` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseDcsr2csru` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsr2csru(
     handle: *mut c_void,
@@ -5468,7 +5468,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsr2dense(
         ) as u32
     }
 }
-///`cusparseDcsr2gebsr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseDcsr2gebsr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsr2gebsr(
     handle: *mut c_void,
@@ -5510,7 +5510,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsr2gebsr(
         ) as u32
     }
 }
-///`cusparseDcsr2gebsr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseDcsr2gebsr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsr2gebsr_bufferSize(
     handle: *mut c_void,
@@ -5544,7 +5544,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsr2gebsr_bufferSize(
         ) as u32
     }
 }
-///`cusparseDcsr2gebsr_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseDcsr2gebsr_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsr2gebsr_bufferSizeExt(
     handle: *mut c_void,
@@ -5578,7 +5578,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsr2gebsr_bufferSizeExt(
         ) as u32
     }
 }
-///`cusparseDcsrcolor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseDcsrcolor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsrcolor(
     handle: *mut c_void,
@@ -5614,7 +5614,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsrcolor(
         ) as u32
     }
 }
-///`cusparseDcsrgeam2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseDcsrgeam2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsrgeam2(
     handle: *mut c_void,
@@ -5666,7 +5666,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsrgeam2(
         ) as u32
     }
 }
-///`cusparseDcsrgeam2_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseDcsrgeam2_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsrgeam2_bufferSizeExt(
     handle: *mut c_void,
@@ -5836,7 +5836,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsrgemm2_bufferSizeExt(
         ) as u32
     }
 }
-///`cusparseDcsric02` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseDcsric02` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsric02(
     handle: *mut c_void,
@@ -5868,7 +5868,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsric02(
         ) as u32
     }
 }
-///`cusparseDcsric02_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseDcsric02_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsric02_analysis(
     handle: *mut c_void,
@@ -5900,7 +5900,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsric02_analysis(
         ) as u32
     }
 }
-///`cusparseDcsric02_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseDcsric02_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsric02_bufferSize(
     handle: *mut c_void,
@@ -5930,7 +5930,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsric02_bufferSize(
         ) as u32
     }
 }
-///`cusparseDcsric02_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseDcsric02_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsric02_bufferSizeExt(
     handle: *mut c_void,
@@ -5960,7 +5960,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsric02_bufferSizeExt(
         ) as u32
     }
 }
-///`cusparseDcsrilu02` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseDcsrilu02` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsrilu02(
     handle: *mut c_void,
@@ -5992,7 +5992,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsrilu02(
         ) as u32
     }
 }
-///`cusparseDcsrilu02_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseDcsrilu02_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsrilu02_analysis(
     handle: *mut c_void,
@@ -6024,7 +6024,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsrilu02_analysis(
         ) as u32
     }
 }
-///`cusparseDcsrilu02_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseDcsrilu02_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsrilu02_bufferSize(
     handle: *mut c_void,
@@ -6054,7 +6054,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsrilu02_bufferSize(
         ) as u32
     }
 }
-///`cusparseDcsrilu02_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseDcsrilu02_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsrilu02_bufferSizeExt(
     handle: *mut c_void,
@@ -6084,7 +6084,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsrilu02_bufferSizeExt(
         ) as u32
     }
 }
-///`cusparseDcsrilu02_numericBoost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseDcsrilu02_numericBoost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsrilu02_numericBoost(
     handle: *mut c_void,
@@ -6382,7 +6382,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsrsv2_solve(
         ) as u32
     }
 }
-///`cusparseDcsru2csr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseDcsru2csr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsru2csr(
     handle: *mut c_void,
@@ -6414,7 +6414,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsru2csr(
         ) as u32
     }
 }
-///`cusparseDcsru2csr_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseDcsru2csr_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDcsru2csr_bufferSizeExt(
     handle: *mut c_void,
@@ -6508,7 +6508,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDdense2csr(
         ) as u32
     }
 }
-///`cusparseDenseToSparse_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseDenseToSparse_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDenseToSparse_analysis(
     handle: *mut c_void,
@@ -6530,7 +6530,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDenseToSparse_analysis(
         ) as u32
     }
 }
-///`cusparseDenseToSparse_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseDenseToSparse_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDenseToSparse_bufferSize(
     handle: *mut c_void,
@@ -6552,7 +6552,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDenseToSparse_bufferSize(
         ) as u32
     }
 }
-///`cusparseDenseToSparse_convert` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseDenseToSparse_convert` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDenseToSparse_convert(
     handle: *mut c_void,
@@ -6574,7 +6574,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDenseToSparse_convert(
         ) as u32
     }
 }
-///`cusparseDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroy(handle: *mut c_void) -> u32 {
     unsafe {
@@ -6584,7 +6584,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroy(handle: *mut c_void)
         ) as u32
     }
 }
-///`cusparseDestroyBsric02Info` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseDestroyBsric02Info` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroyBsric02Info(
     info: *mut c_void,
@@ -6596,7 +6596,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroyBsric02Info(
         ) as u32
     }
 }
-///`cusparseDestroyBsrilu02Info` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseDestroyBsrilu02Info` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroyBsrilu02Info(
     info: *mut c_void,
@@ -6608,7 +6608,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroyBsrilu02Info(
         ) as u32
     }
 }
-///`cusparseDestroyBsrsm2Info` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseDestroyBsrsm2Info` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroyBsrsm2Info(
     info: *mut c_void,
@@ -6620,7 +6620,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroyBsrsm2Info(
         ) as u32
     }
 }
-///`cusparseDestroyBsrsv2Info` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseDestroyBsrsv2Info` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroyBsrsv2Info(
     info: *mut c_void,
@@ -6632,7 +6632,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroyBsrsv2Info(
         ) as u32
     }
 }
-///`cusparseDestroyColorInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseDestroyColorInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroyColorInfo(
     info: *mut c_void,
@@ -6656,7 +6656,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroyCsrgemm2Info(
         ) as u32
     }
 }
-///`cusparseDestroyCsric02Info` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseDestroyCsric02Info` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroyCsric02Info(
     info: *mut c_void,
@@ -6668,7 +6668,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroyCsric02Info(
         ) as u32
     }
 }
-///`cusparseDestroyCsrilu02Info` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseDestroyCsrilu02Info` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroyCsrilu02Info(
     info: *mut c_void,
@@ -6704,7 +6704,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroyCsrsv2Info(
         ) as u32
     }
 }
-///`cusparseDestroyCsru2csrInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseDestroyCsru2csrInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroyCsru2csrInfo(
     info: *mut c_void,
@@ -6716,7 +6716,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroyCsru2csrInfo(
         ) as u32
     }
 }
-///`cusparseDestroyDnMat` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseDestroyDnMat` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroyDnMat(
     dnMatDescr: *mut c_void,
@@ -6728,7 +6728,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroyDnMat(
         ) as u32
     }
 }
-///`cusparseDestroyDnVec` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseDestroyDnVec` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroyDnVec(
     dnVecDescr: *mut c_void,
@@ -6740,7 +6740,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroyDnVec(
         ) as u32
     }
 }
-///`cusparseDestroyMatDescr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseDestroyMatDescr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroyMatDescr(
     descrA: *mut c_void,
@@ -6752,7 +6752,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroyMatDescr(
         ) as u32
     }
 }
-///`cusparseDestroyPruneInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseDestroyPruneInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroyPruneInfo(
     info: *mut c_void,
@@ -6764,7 +6764,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroyPruneInfo(
         ) as u32
     }
 }
-///`cusparseDestroySpMat` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseDestroySpMat` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroySpMat(
     spMatDescr: *mut c_void,
@@ -6776,7 +6776,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroySpMat(
         ) as u32
     }
 }
-///`cusparseDestroySpVec` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseDestroySpVec` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroySpVec(
     spVecDescr: *mut c_void,
@@ -6788,7 +6788,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDestroySpVec(
         ) as u32
     }
 }
-///`cusparseDgebsr2csr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseDgebsr2csr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDgebsr2csr(
     handle: *mut c_void,
@@ -6828,7 +6828,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDgebsr2csr(
         ) as u32
     }
 }
-///`cusparseDgebsr2gebsc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseDgebsr2gebsc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDgebsr2gebsc(
     handle: *mut c_void,
@@ -6870,7 +6870,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDgebsr2gebsc(
         ) as u32
     }
 }
-///`cusparseDgebsr2gebsc_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseDgebsr2gebsc_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDgebsr2gebsc_bufferSize(
     handle: *mut c_void,
@@ -6902,7 +6902,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDgebsr2gebsc_bufferSize(
         ) as u32
     }
 }
-///`cusparseDgebsr2gebsc_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseDgebsr2gebsc_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDgebsr2gebsc_bufferSizeExt(
     handle: *mut c_void,
@@ -6934,7 +6934,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDgebsr2gebsc_bufferSizeExt(
         ) as u32
     }
 }
-///`cusparseDgebsr2gebsr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseDgebsr2gebsr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDgebsr2gebsr(
     handle: *mut c_void,
@@ -6982,7 +6982,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDgebsr2gebsr(
         ) as u32
     }
 }
-///`cusparseDgebsr2gebsr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseDgebsr2gebsr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDgebsr2gebsr_bufferSize(
     handle: *mut c_void,
@@ -7022,7 +7022,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDgebsr2gebsr_bufferSize(
         ) as u32
     }
 }
-///`cusparseDgebsr2gebsr_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseDgebsr2gebsr_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDgebsr2gebsr_bufferSizeExt(
     handle: *mut c_void,
@@ -7102,7 +7102,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDgemmi(
         ) as u32
     }
 }
-///`cusparseDgemvi` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseDgemvi` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDgemvi(
     handle: *mut c_void,
@@ -7142,7 +7142,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDgemvi(
         ) as u32
     }
 }
-///`cusparseDgemvi_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseDgemvi_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDgemvi_bufferSize(
     handle: *mut c_void,
@@ -7166,7 +7166,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDgemvi_bufferSize(
         ) as u32
     }
 }
-///`cusparseDgpsvInterleavedBatch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseDgpsvInterleavedBatch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDgpsvInterleavedBatch(
     handle: *mut c_void,
@@ -7200,7 +7200,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDgpsvInterleavedBatch(
         ) as u32
     }
 }
-///`cusparseDgpsvInterleavedBatch_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseDgpsvInterleavedBatch_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDgpsvInterleavedBatch_bufferSizeExt(
     handle: *mut c_void,
@@ -7282,7 +7282,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDgthrz(
         ) as u32
     }
 }
-///`cusparseDgtsv2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseDgtsv2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDgtsv2(
     handle: *mut c_void,
@@ -7312,7 +7312,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDgtsv2(
         ) as u32
     }
 }
-///`cusparseDgtsv2StridedBatch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseDgtsv2StridedBatch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDgtsv2StridedBatch(
     handle: *mut c_void,
@@ -7342,7 +7342,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDgtsv2StridedBatch(
         ) as u32
     }
 }
-///`cusparseDgtsv2StridedBatch_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseDgtsv2StridedBatch_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDgtsv2StridedBatch_bufferSizeExt(
     handle: *mut c_void,
@@ -7372,7 +7372,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDgtsv2StridedBatch_bufferSiz
         ) as u32
     }
 }
-///`cusparseDgtsv2_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseDgtsv2_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDgtsv2_bufferSizeExt(
     handle: *mut c_void,
@@ -7402,7 +7402,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDgtsv2_bufferSizeExt(
         ) as u32
     }
 }
-///`cusparseDgtsv2_nopivot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseDgtsv2_nopivot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDgtsv2_nopivot(
     handle: *mut c_void,
@@ -7432,7 +7432,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDgtsv2_nopivot(
         ) as u32
     }
 }
-///`cusparseDgtsv2_nopivot_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseDgtsv2_nopivot_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDgtsv2_nopivot_bufferSizeExt(
     handle: *mut c_void,
@@ -7462,7 +7462,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDgtsv2_nopivot_bufferSizeExt
         ) as u32
     }
 }
-///`cusparseDgtsvInterleavedBatch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseDgtsvInterleavedBatch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDgtsvInterleavedBatch(
     handle: *mut c_void,
@@ -7492,7 +7492,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDgtsvInterleavedBatch(
         ) as u32
     }
 }
-///`cusparseDgtsvInterleavedBatch_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseDgtsvInterleavedBatch_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDgtsvInterleavedBatch_bufferSizeExt(
     handle: *mut c_void,
@@ -7522,7 +7522,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDgtsvInterleavedBatch_buffer
         ) as u32
     }
 }
-///`cusparseDnMatGet` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseDnMatGet` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDnMatGet(
     dnMatDescr: *mut c_void,
@@ -7548,7 +7548,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDnMatGet(
         ) as u32
     }
 }
-///`cusparseDnMatGetStridedBatch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseDnMatGetStridedBatch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDnMatGetStridedBatch(
     dnMatDescr: *mut c_void,
@@ -7566,7 +7566,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDnMatGetStridedBatch(
         ) as u32
     }
 }
-///`cusparseDnMatGetValues` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseDnMatGetValues` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDnMatGetValues(
     dnMatDescr: *mut c_void,
@@ -7579,7 +7579,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDnMatGetValues(
         ) as u32
     }
 }
-///`cusparseDnMatSetStridedBatch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseDnMatSetStridedBatch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDnMatSetStridedBatch(
     dnMatDescr: *mut c_void,
@@ -7597,7 +7597,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDnMatSetStridedBatch(
         ) as u32
     }
 }
-///`cusparseDnMatSetValues` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseDnMatSetValues` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDnMatSetValues(
     dnMatDescr: *mut c_void,
@@ -7610,7 +7610,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDnMatSetValues(
         ) as u32
     }
 }
-///`cusparseDnVecGet` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseDnVecGet` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDnVecGet(
     dnVecDescr: *mut c_void,
@@ -7630,7 +7630,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDnVecGet(
         ) as u32
     }
 }
-///`cusparseDnVecGetValues` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseDnVecGetValues` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDnVecGetValues(
     dnVecDescr: *mut c_void,
@@ -7643,7 +7643,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDnVecGetValues(
         ) as u32
     }
 }
-///`cusparseDnVecSetValues` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseDnVecSetValues` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDnVecSetValues(
     dnVecDescr: *mut c_void,
@@ -7656,7 +7656,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDnVecSetValues(
         ) as u32
     }
 }
-///`cusparseDnnz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseDnnz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDnnz(
     handle: *mut c_void,
@@ -7686,7 +7686,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDnnz(
         ) as u32
     }
 }
-///`cusparseDnnz_compress` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseDnnz_compress` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDnnz_compress(
     handle: *mut c_void,
@@ -7714,7 +7714,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDnnz_compress(
         ) as u32
     }
 }
-///`cusparseDpruneCsr2csr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseDpruneCsr2csr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDpruneCsr2csr(
     handle: *mut c_void,
@@ -7754,7 +7754,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDpruneCsr2csr(
         ) as u32
     }
 }
-///`cusparseDpruneCsr2csrByPercentage` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseDpruneCsr2csrByPercentage` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDpruneCsr2csrByPercentage(
     handle: *mut c_void,
@@ -7796,7 +7796,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDpruneCsr2csrByPercentage(
         ) as u32
     }
 }
-///`cusparseDpruneCsr2csrByPercentage_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseDpruneCsr2csrByPercentage_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDpruneCsr2csrByPercentage_bufferSizeExt(
     handle: *mut c_void,
@@ -7838,7 +7838,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDpruneCsr2csrByPercentage_bu
         ) as u32
     }
 }
-///`cusparseDpruneCsr2csrNnz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseDpruneCsr2csrNnz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDpruneCsr2csrNnz(
     handle: *mut c_void,
@@ -7876,7 +7876,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDpruneCsr2csrNnz(
         ) as u32
     }
 }
-///`cusparseDpruneCsr2csrNnzByPercentage` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseDpruneCsr2csrNnzByPercentage` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDpruneCsr2csrNnzByPercentage(
     handle: *mut c_void,
@@ -7916,7 +7916,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDpruneCsr2csrNnzByPercentage
         ) as u32
     }
 }
-///`cusparseDpruneCsr2csr_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseDpruneCsr2csr_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDpruneCsr2csr_bufferSizeExt(
     handle: *mut c_void,
@@ -7956,7 +7956,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDpruneCsr2csr_bufferSizeExt(
         ) as u32
     }
 }
-///`cusparseDpruneDense2csr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseDpruneDense2csr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDpruneDense2csr(
     handle: *mut c_void,
@@ -7990,7 +7990,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDpruneDense2csr(
         ) as u32
     }
 }
-///`cusparseDpruneDense2csrByPercentage` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseDpruneDense2csrByPercentage` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDpruneDense2csrByPercentage(
     handle: *mut c_void,
@@ -8026,7 +8026,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDpruneDense2csrByPercentage(
         ) as u32
     }
 }
-///`cusparseDpruneDense2csrByPercentage_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseDpruneDense2csrByPercentage_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDpruneDense2csrByPercentage_bufferSizeExt(
     handle: *mut c_void,
@@ -8062,7 +8062,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDpruneDense2csrByPercentage_
         ) as u32
     }
 }
-///`cusparseDpruneDense2csrNnz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseDpruneDense2csrNnz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDpruneDense2csrNnz(
     handle: *mut c_void,
@@ -8094,7 +8094,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDpruneDense2csrNnz(
         ) as u32
     }
 }
-///`cusparseDpruneDense2csrNnzByPercentage` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseDpruneDense2csrNnzByPercentage` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDpruneDense2csrNnzByPercentage(
     handle: *mut c_void,
@@ -8128,7 +8128,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDpruneDense2csrNnzByPercenta
         ) as u32
     }
 }
-///`cusparseDpruneDense2csr_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseDpruneDense2csr_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseDpruneDense2csr_bufferSizeExt(
     handle: *mut c_void,
@@ -8214,7 +8214,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseDsctr(
         ) as u32
     }
 }
-///`cusparseGather` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseGather` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseGather(
     handle: *mut c_void,
@@ -8241,30 +8241,30 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseGetColorAlgs(
         ) as u32
     }
 }
-///`cusparseGetErrorName` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local, generated).
+///`cusparseGetErrorName` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local, generated).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseGetErrorName(
     status: u32,
 ) -> *mut c_void {
     unsafe {
-        crate::runtime::error_name("13.1", "cusparse", status as i64) as *mut c_void
+        crate::runtime::error_name("13.5", "cusparse", status as i64) as *mut c_void
     }
 }
-///`cusparseGetErrorString` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local, generated).
+///`cusparseGetErrorString` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local, generated).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseGetErrorString(
     status: u32,
 ) -> *mut c_void {
     unsafe {
         crate::runtime::error_string(
-            "13.1",
+            "13.5",
             "cusparse",
             "cusparseGetErrorString",
             status as i64,
         ) as *mut c_void
     }
 }
-///`cusparseGetMatDiagType` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseGetMatDiagType` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseGetMatDiagType(
     descrA: *mut c_void,
@@ -8276,7 +8276,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseGetMatDiagType(
         ) as u32
     }
 }
-///`cusparseGetMatFillMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseGetMatFillMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseGetMatFillMode(
     descrA: *mut c_void,
@@ -8288,7 +8288,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseGetMatFillMode(
         ) as u32
     }
 }
-///`cusparseGetMatIndexBase` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseGetMatIndexBase` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseGetMatIndexBase(
     descrA: *mut c_void,
@@ -8300,7 +8300,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseGetMatIndexBase(
         ) as u32
     }
 }
-///`cusparseGetMatType` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseGetMatType` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseGetMatType(
     descrA: *mut c_void,
@@ -8312,7 +8312,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseGetMatType(
         ) as u32
     }
 }
-///`cusparseGetPointerMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseGetPointerMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseGetPointerMode(
     handle: *mut c_void,
@@ -8325,7 +8325,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseGetPointerMode(
         ) as u32
     }
 }
-///`cusparseGetProperty` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseGetProperty` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseGetProperty(
     r#type: u32,
@@ -8338,7 +8338,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseGetProperty(
         ) as u32
     }
 }
-///`cusparseGetStream` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseGetStream` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseGetStream(
     handle: *mut c_void,
@@ -8351,7 +8351,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseGetStream(
         ) as u32
     }
 }
-///`cusparseGetVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseGetVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseGetVersion(
     handle: *mut c_void,
@@ -8364,7 +8364,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseGetVersion(
         ) as u32
     }
 }
-///`cusparseLoggerForceDisable` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseLoggerForceDisable` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseLoggerForceDisable() -> u32 {
     unsafe {
@@ -8374,7 +8374,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseLoggerForceDisable() -> u32 
         ) as u32
     }
 }
-///`cusparseLoggerSetLevel` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseLoggerSetLevel` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseLoggerSetLevel(level: i32) -> u32 {
     unsafe {
@@ -8384,7 +8384,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseLoggerSetLevel(level: i32) -
         ) as u32
     }
 }
-///`cusparseLoggerSetMask` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseLoggerSetMask` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseLoggerSetMask(mask: i32) -> u32 {
     unsafe {
@@ -8394,7 +8394,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseLoggerSetMask(mask: i32) -> 
         ) as u32
     }
 }
-///`cusparseRot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseRot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseRot(
     handle: *mut c_void,
@@ -8416,7 +8416,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseRot(
         ) as u32
     }
 }
-///`cusparseSDDMM` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseSDDMM` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSDDMM(
     handle: *mut c_void,
@@ -8450,7 +8450,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSDDMM(
         ) as u32
     }
 }
-///`cusparseSDDMM_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSDDMM_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSDDMM_bufferSize(
     handle: *mut c_void,
@@ -8484,7 +8484,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSDDMM_bufferSize(
         ) as u32
     }
 }
-///`cusparseSDDMM_preprocess` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseSDDMM_preprocess` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSDDMM_preprocess(
     handle: *mut c_void,
@@ -8544,7 +8544,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSaxpyi(
         ) as u32
     }
 }
-///`cusparseSbsr2csr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseSbsr2csr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsr2csr(
     handle: *mut c_void,
@@ -8582,7 +8582,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsr2csr(
         ) as u32
     }
 }
-///`cusparseSbsric02` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseSbsric02` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsric02(
     handle: *mut c_void,
@@ -8618,7 +8618,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsric02(
         ) as u32
     }
 }
-///`cusparseSbsric02_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseSbsric02_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsric02_analysis(
     handle: *mut c_void,
@@ -8654,7 +8654,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsric02_analysis(
         ) as u32
     }
 }
-///`cusparseSbsric02_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSbsric02_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsric02_bufferSize(
     handle: *mut c_void,
@@ -8688,7 +8688,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsric02_bufferSize(
         ) as u32
     }
 }
-///`cusparseSbsric02_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSbsric02_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsric02_bufferSizeExt(
     handle: *mut c_void,
@@ -8722,7 +8722,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsric02_bufferSizeExt(
         ) as u32
     }
 }
-///`cusparseSbsrilu02` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseSbsrilu02` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsrilu02(
     handle: *mut c_void,
@@ -8758,7 +8758,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsrilu02(
         ) as u32
     }
 }
-///`cusparseSbsrilu02_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseSbsrilu02_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsrilu02_analysis(
     handle: *mut c_void,
@@ -8794,7 +8794,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsrilu02_analysis(
         ) as u32
     }
 }
-///`cusparseSbsrilu02_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSbsrilu02_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsrilu02_bufferSize(
     handle: *mut c_void,
@@ -8828,7 +8828,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsrilu02_bufferSize(
         ) as u32
     }
 }
-///`cusparseSbsrilu02_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSbsrilu02_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsrilu02_bufferSizeExt(
     handle: *mut c_void,
@@ -8862,7 +8862,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsrilu02_bufferSizeExt(
         ) as u32
     }
 }
-///`cusparseSbsrilu02_numericBoost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseSbsrilu02_numericBoost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsrilu02_numericBoost(
     handle: *mut c_void,
@@ -8884,7 +8884,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsrilu02_numericBoost(
         ) as u32
     }
 }
-///`cusparseSbsrmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseSbsrmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsrmm(
     handle: *mut c_void,
@@ -8934,7 +8934,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsrmm(
         ) as u32
     }
 }
-///`cusparseSbsrmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseSbsrmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsrmv(
     handle: *mut c_void,
@@ -8976,7 +8976,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsrmv(
         ) as u32
     }
 }
-///`cusparseSbsrsm2_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseSbsrsm2_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsrsm2_analysis(
     handle: *mut c_void,
@@ -9018,7 +9018,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsrsm2_analysis(
         ) as u32
     }
 }
-///`cusparseSbsrsm2_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSbsrsm2_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsrsm2_bufferSize(
     handle: *mut c_void,
@@ -9058,7 +9058,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsrsm2_bufferSize(
         ) as u32
     }
 }
-///`cusparseSbsrsm2_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSbsrsm2_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsrsm2_bufferSizeExt(
     handle: *mut c_void,
@@ -9098,7 +9098,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsrsm2_bufferSizeExt(
         ) as u32
     }
 }
-///`cusparseSbsrsm2_solve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseSbsrsm2_solve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsrsm2_solve(
     handle: *mut c_void,
@@ -9150,7 +9150,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsrsm2_solve(
         ) as u32
     }
 }
-///`cusparseSbsrsv2_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseSbsrsv2_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsrsv2_analysis(
     handle: *mut c_void,
@@ -9188,7 +9188,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsrsv2_analysis(
         ) as u32
     }
 }
-///`cusparseSbsrsv2_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSbsrsv2_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsrsv2_bufferSize(
     handle: *mut c_void,
@@ -9224,7 +9224,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsrsv2_bufferSize(
         ) as u32
     }
 }
-///`cusparseSbsrsv2_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSbsrsv2_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsrsv2_bufferSizeExt(
     handle: *mut c_void,
@@ -9260,7 +9260,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsrsv2_bufferSizeExt(
         ) as u32
     }
 }
-///`cusparseSbsrsv2_solve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseSbsrsv2_solve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsrsv2_solve(
     handle: *mut c_void,
@@ -9304,7 +9304,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsrsv2_solve(
         ) as u32
     }
 }
-///`cusparseSbsrxmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseSbsrxmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsrxmv(
     handle: *mut c_void,
@@ -9352,7 +9352,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSbsrxmv(
         ) as u32
     }
 }
-///`cusparseScatter` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseScatter` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseScatter(
     handle: *mut c_void,
@@ -9396,7 +9396,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseScsc2dense(
         ) as u32
     }
 }
-///`cusparseScsr2bsr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseScsr2bsr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseScsr2bsr(
     handle: *mut c_void,
@@ -9434,7 +9434,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseScsr2bsr(
         ) as u32
     }
 }
-///`cusparseScsr2csr_compress` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseScsr2csr_compress` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseScsr2csr_compress(
     handle: *mut c_void,
@@ -9472,7 +9472,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseScsr2csr_compress(
         ) as u32
     }
 }
-///`cusparseScsr2csru` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseScsr2csru` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseScsr2csru(
     handle: *mut c_void,
@@ -9534,7 +9534,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseScsr2dense(
         ) as u32
     }
 }
-///`cusparseScsr2gebsr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseScsr2gebsr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseScsr2gebsr(
     handle: *mut c_void,
@@ -9576,7 +9576,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseScsr2gebsr(
         ) as u32
     }
 }
-///`cusparseScsr2gebsr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseScsr2gebsr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseScsr2gebsr_bufferSize(
     handle: *mut c_void,
@@ -9610,7 +9610,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseScsr2gebsr_bufferSize(
         ) as u32
     }
 }
-///`cusparseScsr2gebsr_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseScsr2gebsr_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseScsr2gebsr_bufferSizeExt(
     handle: *mut c_void,
@@ -9644,7 +9644,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseScsr2gebsr_bufferSizeExt(
         ) as u32
     }
 }
-///`cusparseScsrcolor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseScsrcolor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseScsrcolor(
     handle: *mut c_void,
@@ -9680,7 +9680,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseScsrcolor(
         ) as u32
     }
 }
-///`cusparseScsrgeam2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseScsrgeam2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseScsrgeam2(
     handle: *mut c_void,
@@ -9732,7 +9732,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseScsrgeam2(
         ) as u32
     }
 }
-///`cusparseScsrgeam2_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseScsrgeam2_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseScsrgeam2_bufferSizeExt(
     handle: *mut c_void,
@@ -9902,7 +9902,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseScsrgemm2_bufferSizeExt(
         ) as u32
     }
 }
-///`cusparseScsric02` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseScsric02` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseScsric02(
     handle: *mut c_void,
@@ -9934,7 +9934,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseScsric02(
         ) as u32
     }
 }
-///`cusparseScsric02_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseScsric02_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseScsric02_analysis(
     handle: *mut c_void,
@@ -9966,7 +9966,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseScsric02_analysis(
         ) as u32
     }
 }
-///`cusparseScsric02_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseScsric02_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseScsric02_bufferSize(
     handle: *mut c_void,
@@ -9996,7 +9996,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseScsric02_bufferSize(
         ) as u32
     }
 }
-///`cusparseScsric02_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseScsric02_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseScsric02_bufferSizeExt(
     handle: *mut c_void,
@@ -10026,7 +10026,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseScsric02_bufferSizeExt(
         ) as u32
     }
 }
-///`cusparseScsrilu02` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseScsrilu02` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseScsrilu02(
     handle: *mut c_void,
@@ -10058,7 +10058,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseScsrilu02(
         ) as u32
     }
 }
-///`cusparseScsrilu02_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseScsrilu02_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseScsrilu02_analysis(
     handle: *mut c_void,
@@ -10090,7 +10090,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseScsrilu02_analysis(
         ) as u32
     }
 }
-///`cusparseScsrilu02_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseScsrilu02_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseScsrilu02_bufferSize(
     handle: *mut c_void,
@@ -10120,7 +10120,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseScsrilu02_bufferSize(
         ) as u32
     }
 }
-///`cusparseScsrilu02_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseScsrilu02_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseScsrilu02_bufferSizeExt(
     handle: *mut c_void,
@@ -10150,7 +10150,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseScsrilu02_bufferSizeExt(
         ) as u32
     }
 }
-///`cusparseScsrilu02_numericBoost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseScsrilu02_numericBoost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseScsrilu02_numericBoost(
     handle: *mut c_void,
@@ -10448,7 +10448,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseScsrsv2_solve(
         ) as u32
     }
 }
-///`cusparseScsru2csr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseScsru2csr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseScsru2csr(
     handle: *mut c_void,
@@ -10480,7 +10480,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseScsru2csr(
         ) as u32
     }
 }
-///`cusparseScsru2csr_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseScsru2csr_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseScsru2csr_bufferSizeExt(
     handle: *mut c_void,
@@ -10587,7 +10587,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSetColorAlgs(
         ) as u32
     }
 }
-///`cusparseSetMatDiagType` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseSetMatDiagType` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSetMatDiagType(
     descrA: *mut c_void,
@@ -10600,7 +10600,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSetMatDiagType(
         ) as u32
     }
 }
-///`cusparseSetMatFillMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseSetMatFillMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSetMatFillMode(
     descrA: *mut c_void,
@@ -10613,7 +10613,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSetMatFillMode(
         ) as u32
     }
 }
-///`cusparseSetMatIndexBase` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseSetMatIndexBase` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSetMatIndexBase(
     descrA: *mut c_void,
@@ -10626,7 +10626,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSetMatIndexBase(
         ) as u32
     }
 }
-///`cusparseSetMatType` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseSetMatType` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSetMatType(
     descrA: *mut c_void,
@@ -10639,7 +10639,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSetMatType(
         ) as u32
     }
 }
-///`cusparseSetPointerMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cusparseSetPointerMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSetPointerMode(
     handle: *mut c_void,
@@ -10647,7 +10647,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSetPointerMode(
 ) -> u32 {
     unsafe { crate::custom::cusparse::cusparseSetPointerMode(handle, mode) }
 }
-///`cusparseSetStream` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseSetStream` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSetStream(
     handle: *mut c_void,
@@ -10660,7 +10660,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSetStream(
         ) as u32
     }
 }
-///`cusparseSgebsr2csr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseSgebsr2csr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSgebsr2csr(
     handle: *mut c_void,
@@ -10700,7 +10700,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSgebsr2csr(
         ) as u32
     }
 }
-///`cusparseSgebsr2gebsc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseSgebsr2gebsc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSgebsr2gebsc(
     handle: *mut c_void,
@@ -10742,7 +10742,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSgebsr2gebsc(
         ) as u32
     }
 }
-///`cusparseSgebsr2gebsc_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSgebsr2gebsc_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSgebsr2gebsc_bufferSize(
     handle: *mut c_void,
@@ -10774,7 +10774,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSgebsr2gebsc_bufferSize(
         ) as u32
     }
 }
-///`cusparseSgebsr2gebsc_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSgebsr2gebsc_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSgebsr2gebsc_bufferSizeExt(
     handle: *mut c_void,
@@ -10806,7 +10806,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSgebsr2gebsc_bufferSizeExt(
         ) as u32
     }
 }
-///`cusparseSgebsr2gebsr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseSgebsr2gebsr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSgebsr2gebsr(
     handle: *mut c_void,
@@ -10854,7 +10854,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSgebsr2gebsr(
         ) as u32
     }
 }
-///`cusparseSgebsr2gebsr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSgebsr2gebsr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSgebsr2gebsr_bufferSize(
     handle: *mut c_void,
@@ -10894,7 +10894,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSgebsr2gebsr_bufferSize(
         ) as u32
     }
 }
-///`cusparseSgebsr2gebsr_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSgebsr2gebsr_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSgebsr2gebsr_bufferSizeExt(
     handle: *mut c_void,
@@ -10974,7 +10974,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSgemmi(
         ) as u32
     }
 }
-///`cusparseSgemvi` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseSgemvi` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSgemvi(
     handle: *mut c_void,
@@ -11014,7 +11014,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSgemvi(
         ) as u32
     }
 }
-///`cusparseSgemvi_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSgemvi_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSgemvi_bufferSize(
     handle: *mut c_void,
@@ -11038,7 +11038,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSgemvi_bufferSize(
         ) as u32
     }
 }
-///`cusparseSgpsvInterleavedBatch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseSgpsvInterleavedBatch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSgpsvInterleavedBatch(
     handle: *mut c_void,
@@ -11072,7 +11072,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSgpsvInterleavedBatch(
         ) as u32
     }
 }
-///`cusparseSgpsvInterleavedBatch_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSgpsvInterleavedBatch_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSgpsvInterleavedBatch_bufferSizeExt(
     handle: *mut c_void,
@@ -11154,7 +11154,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSgthrz(
         ) as u32
     }
 }
-///`cusparseSgtsv2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseSgtsv2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSgtsv2(
     handle: *mut c_void,
@@ -11184,7 +11184,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSgtsv2(
         ) as u32
     }
 }
-///`cusparseSgtsv2StridedBatch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseSgtsv2StridedBatch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSgtsv2StridedBatch(
     handle: *mut c_void,
@@ -11214,7 +11214,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSgtsv2StridedBatch(
         ) as u32
     }
 }
-///`cusparseSgtsv2StridedBatch_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSgtsv2StridedBatch_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSgtsv2StridedBatch_bufferSizeExt(
     handle: *mut c_void,
@@ -11244,7 +11244,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSgtsv2StridedBatch_bufferSiz
         ) as u32
     }
 }
-///`cusparseSgtsv2_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSgtsv2_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSgtsv2_bufferSizeExt(
     handle: *mut c_void,
@@ -11274,7 +11274,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSgtsv2_bufferSizeExt(
         ) as u32
     }
 }
-///`cusparseSgtsv2_nopivot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseSgtsv2_nopivot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSgtsv2_nopivot(
     handle: *mut c_void,
@@ -11304,7 +11304,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSgtsv2_nopivot(
         ) as u32
     }
 }
-///`cusparseSgtsv2_nopivot_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSgtsv2_nopivot_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSgtsv2_nopivot_bufferSizeExt(
     handle: *mut c_void,
@@ -11334,7 +11334,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSgtsv2_nopivot_bufferSizeExt
         ) as u32
     }
 }
-///`cusparseSgtsvInterleavedBatch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseSgtsvInterleavedBatch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSgtsvInterleavedBatch(
     handle: *mut c_void,
@@ -11364,7 +11364,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSgtsvInterleavedBatch(
         ) as u32
     }
 }
-///`cusparseSgtsvInterleavedBatch_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSgtsvInterleavedBatch_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSgtsvInterleavedBatch_bufferSizeExt(
     handle: *mut c_void,
@@ -11394,7 +11394,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSgtsvInterleavedBatch_buffer
         ) as u32
     }
 }
-///`cusparseSnnz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSnnz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSnnz(
     handle: *mut c_void,
@@ -11424,7 +11424,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSnnz(
         ) as u32
     }
 }
-///`cusparseSnnz_compress` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSnnz_compress` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSnnz_compress(
     handle: *mut c_void,
@@ -11452,7 +11452,139 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSnnz_compress(
         ) as u32
     }
 }
-///`cusparseSpGEMM_compute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSpGEAM` for CUDA 13.5 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSpGEAM(
+    handle: *mut c_void,
+    opA: u32,
+    opB: u32,
+    alpha: *mut c_void,
+    matA: *mut c_void,
+    beta: *mut c_void,
+    matB: *mut c_void,
+    matC: *mut c_void,
+    computeType: u32,
+    alg: u32,
+    spgeamDescr: *mut c_void,
+    externalBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSpGEAM,
+            &[
+                (handle) as usize as u64,
+                (opA) as u64,
+                (opB) as u64,
+                (alpha) as usize as u64,
+                (matA) as usize as u64,
+                (beta) as usize as u64,
+                (matB) as usize as u64,
+                (matC) as usize as u64,
+                (computeType) as u64,
+                (alg) as u64,
+                (spgeamDescr) as usize as u64,
+                (externalBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSpGEAM_bufferSize` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSpGEAM_bufferSize(
+    handle: *mut c_void,
+    opA: u32,
+    opB: u32,
+    alpha: *mut c_void,
+    matA: *mut c_void,
+    beta: *mut c_void,
+    matB: *mut c_void,
+    matC: *mut c_void,
+    computeType: u32,
+    alg: u32,
+    spgeamDescr: *mut c_void,
+    bufferSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSpGEAM_bufferSize,
+            &[
+                (handle) as usize as u64,
+                (opA) as u64,
+                (opB) as u64,
+                (alpha) as usize as u64,
+                (matA) as usize as u64,
+                (beta) as usize as u64,
+                (matB) as usize as u64,
+                (matC) as usize as u64,
+                (computeType) as u64,
+                (alg) as u64,
+                (spgeamDescr) as usize as u64,
+                (bufferSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSpGEAM_createDescr` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSpGEAM_createDescr(
+    descr: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSpGEAM_createDescr,
+            &[(descr) as usize as u64],
+        ) as u32
+    }
+}
+///`cusparseSpGEAM_destroyDescr` for CUDA 13.5 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSpGEAM_destroyDescr(
+    descr: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSpGEAM_destroyDescr,
+            &[(descr) as usize as u64],
+        ) as u32
+    }
+}
+///`cusparseSpGEAM_nnz` for CUDA 13.5 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cusparse_cusparseSpGEAM_nnz(
+    handle: *mut c_void,
+    opA: u32,
+    opB: u32,
+    alpha: *mut c_void,
+    matA: *mut c_void,
+    beta: *mut c_void,
+    matB: *mut c_void,
+    matC: *mut c_void,
+    computeType: u32,
+    alg: u32,
+    spgeamDescr: *mut c_void,
+    externalBuffer: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cusparse::cusparseSpGEAM_nnz,
+            &[
+                (handle) as usize as u64,
+                (opA) as u64,
+                (opB) as u64,
+                (alpha) as usize as u64,
+                (matA) as usize as u64,
+                (beta) as usize as u64,
+                (matB) as usize as u64,
+                (matC) as usize as u64,
+                (computeType) as u64,
+                (alg) as u64,
+                (spgeamDescr) as usize as u64,
+                (externalBuffer) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cusparseSpGEMM_compute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpGEMM_compute(
     handle: *mut c_void,
@@ -11490,7 +11622,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpGEMM_compute(
         ) as u32
     }
 }
-///`cusparseSpGEMM_copy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseSpGEMM_copy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpGEMM_copy(
     handle: *mut c_void,
@@ -11524,7 +11656,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpGEMM_copy(
         ) as u32
     }
 }
-///`cusparseSpGEMM_createDescr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseSpGEMM_createDescr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpGEMM_createDescr(
     descr: *mut c_void,
@@ -11536,7 +11668,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpGEMM_createDescr(
         ) as u32
     }
 }
-///`cusparseSpGEMM_destroyDescr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseSpGEMM_destroyDescr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpGEMM_destroyDescr(
     descr: *mut c_void,
@@ -11548,7 +11680,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpGEMM_destroyDescr(
         ) as u32
     }
 }
-///`cusparseSpGEMM_estimateMemory` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSpGEMM_estimateMemory` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpGEMM_estimateMemory(
     handle: *mut c_void,
@@ -11590,7 +11722,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpGEMM_estimateMemory(
         ) as u32
     }
 }
-///`cusparseSpGEMM_getNumProducts` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSpGEMM_getNumProducts` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpGEMM_getNumProducts(
     spgemmDescr: *mut c_void,
@@ -11603,7 +11735,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpGEMM_getNumProducts(
         ) as u32
     }
 }
-///`cusparseSpGEMM_workEstimation` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSpGEMM_workEstimation` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpGEMM_workEstimation(
     handle: *mut c_void,
@@ -11641,7 +11773,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpGEMM_workEstimation(
         ) as u32
     }
 }
-///`cusparseSpGEMMreuse_compute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseSpGEMMreuse_compute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpGEMMreuse_compute(
     handle: *mut c_void,
@@ -11675,7 +11807,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpGEMMreuse_compute(
         ) as u32
     }
 }
-///`cusparseSpGEMMreuse_copy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSpGEMMreuse_copy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpGEMMreuse_copy(
     handle: *mut c_void,
@@ -11707,7 +11839,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpGEMMreuse_copy(
         ) as u32
     }
 }
-///`cusparseSpGEMMreuse_nnz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSpGEMMreuse_nnz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpGEMMreuse_nnz(
     handle: *mut c_void,
@@ -11747,7 +11879,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpGEMMreuse_nnz(
         ) as u32
     }
 }
-///`cusparseSpGEMMreuse_workEstimation` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSpGEMMreuse_workEstimation` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpGEMMreuse_workEstimation(
     handle: *mut c_void,
@@ -11779,7 +11911,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpGEMMreuse_workEstimation(
         ) as u32
     }
 }
-///`cusparseSpMM` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseSpMM` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpMM(
     handle: *mut c_void,
@@ -11813,7 +11945,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpMM(
         ) as u32
     }
 }
-///`cusparseSpMMOp` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseSpMMOp` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpMMOp(
     plan: *mut c_void,
@@ -11826,7 +11958,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpMMOp(
         ) as u32
     }
 }
-///`cusparseSpMMOp_createPlan` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSpMMOp_createPlan` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpMMOp_createPlan(
     handle: *mut c_void,
@@ -11870,7 +12002,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpMMOp_createPlan(
         ) as u32
     }
 }
-///`cusparseSpMMOp_destroyPlan` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseSpMMOp_destroyPlan` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpMMOp_destroyPlan(
     plan: *mut c_void,
@@ -11882,7 +12014,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpMMOp_destroyPlan(
         ) as u32
     }
 }
-///`cusparseSpMM_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSpMM_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpMM_bufferSize(
     handle: *mut c_void,
@@ -11916,7 +12048,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpMM_bufferSize(
         ) as u32
     }
 }
-///`cusparseSpMM_preprocess` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseSpMM_preprocess` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpMM_preprocess(
     handle: *mut c_void,
@@ -11950,7 +12082,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpMM_preprocess(
         ) as u32
     }
 }
-///`cusparseSpMV` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseSpMV` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpMV(
     handle: *mut c_void,
@@ -11982,7 +12114,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpMV(
         ) as u32
     }
 }
-///`cusparseSpMV_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSpMV_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpMV_bufferSize(
     handle: *mut c_void,
@@ -12014,7 +12146,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpMV_bufferSize(
         ) as u32
     }
 }
-///`cusparseSpMV_preprocess` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseSpMV_preprocess` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpMV_preprocess(
     handle: *mut c_void,
@@ -12046,7 +12178,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpMV_preprocess(
         ) as u32
     }
 }
-///`cusparseSpMatGetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseSpMatGetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpMatGetAttribute(
     spMatDescr: *mut c_void,
@@ -12066,7 +12198,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpMatGetAttribute(
         ) as u32
     }
 }
-///`cusparseSpMatGetFormat` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSpMatGetFormat` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpMatGetFormat(
     spMatDescr: *mut c_void,
@@ -12079,7 +12211,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpMatGetFormat(
         ) as u32
     }
 }
-///`cusparseSpMatGetIndexBase` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSpMatGetIndexBase` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpMatGetIndexBase(
     spMatDescr: *mut c_void,
@@ -12092,7 +12224,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpMatGetIndexBase(
         ) as u32
     }
 }
-///`cusparseSpMatGetSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSpMatGetSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpMatGetSize(
     spMatDescr: *mut c_void,
@@ -12112,7 +12244,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpMatGetSize(
         ) as u32
     }
 }
-///`cusparseSpMatGetStridedBatch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSpMatGetStridedBatch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpMatGetStridedBatch(
     spMatDescr: *mut c_void,
@@ -12125,7 +12257,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpMatGetStridedBatch(
         ) as u32
     }
 }
-///`cusparseSpMatGetValues` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSpMatGetValues` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpMatGetValues(
     spMatDescr: *mut c_void,
@@ -12138,7 +12270,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpMatGetValues(
         ) as u32
     }
 }
-///`cusparseSpMatSetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseSpMatSetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpMatSetAttribute(
     spMatDescr: *mut c_void,
@@ -12171,7 +12303,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpMatSetStridedBatch(
         ) as u32
     }
 }
-///`cusparseSpMatSetValues` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseSpMatSetValues` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpMatSetValues(
     spMatDescr: *mut c_void,
@@ -12184,7 +12316,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpMatSetValues(
         ) as u32
     }
 }
-///`cusparseSpSM_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseSpSM_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpSM_analysis(
     handle: *mut c_void,
@@ -12218,7 +12350,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpSM_analysis(
         ) as u32
     }
 }
-///`cusparseSpSM_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSpSM_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpSM_bufferSize(
     handle: *mut c_void,
@@ -12252,7 +12384,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpSM_bufferSize(
         ) as u32
     }
 }
-///`cusparseSpSM_createDescr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseSpSM_createDescr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpSM_createDescr(
     descr: *mut c_void,
@@ -12264,7 +12396,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpSM_createDescr(
         ) as u32
     }
 }
-///`cusparseSpSM_destroyDescr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseSpSM_destroyDescr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpSM_destroyDescr(
     descr: *mut c_void,
@@ -12276,7 +12408,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpSM_destroyDescr(
         ) as u32
     }
 }
-///`cusparseSpSM_solve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseSpSM_solve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpSM_solve(
     handle: *mut c_void,
@@ -12308,7 +12440,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpSM_solve(
         ) as u32
     }
 }
-///`cusparseSpSM_updateMatrix` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseSpSM_updateMatrix` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpSM_updateMatrix(
     handle: *mut c_void,
@@ -12328,7 +12460,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpSM_updateMatrix(
         ) as u32
     }
 }
-///`cusparseSpSV_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseSpSV_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpSV_analysis(
     handle: *mut c_void,
@@ -12360,7 +12492,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpSV_analysis(
         ) as u32
     }
 }
-///`cusparseSpSV_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSpSV_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpSV_bufferSize(
     handle: *mut c_void,
@@ -12392,7 +12524,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpSV_bufferSize(
         ) as u32
     }
 }
-///`cusparseSpSV_createDescr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseSpSV_createDescr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpSV_createDescr(
     descr: *mut c_void,
@@ -12404,7 +12536,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpSV_createDescr(
         ) as u32
     }
 }
-///`cusparseSpSV_destroyDescr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseSpSV_destroyDescr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpSV_destroyDescr(
     descr: *mut c_void,
@@ -12416,7 +12548,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpSV_destroyDescr(
         ) as u32
     }
 }
-///`cusparseSpSV_solve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseSpSV_solve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpSV_solve(
     handle: *mut c_void,
@@ -12446,7 +12578,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpSV_solve(
         ) as u32
     }
 }
-///`cusparseSpSV_updateMatrix` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseSpSV_updateMatrix` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpSV_updateMatrix(
     handle: *mut c_void,
@@ -12466,7 +12598,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpSV_updateMatrix(
         ) as u32
     }
 }
-///`cusparseSpVV` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSpVV` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpVV(
     handle: *mut c_void,
@@ -12492,7 +12624,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpVV(
         ) as u32
     }
 }
-///`cusparseSpVV_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSpVV_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpVV_bufferSize(
     handle: *mut c_void,
@@ -12518,7 +12650,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpVV_bufferSize(
         ) as u32
     }
 }
-///`cusparseSpVecGet` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSpVecGet` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpVecGet(
     spVecDescr: *mut c_void,
@@ -12546,7 +12678,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpVecGet(
         ) as u32
     }
 }
-///`cusparseSpVecGetIndexBase` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSpVecGetIndexBase` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpVecGetIndexBase(
     spVecDescr: *mut c_void,
@@ -12559,7 +12691,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpVecGetIndexBase(
         ) as u32
     }
 }
-///`cusparseSpVecGetValues` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSpVecGetValues` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpVecGetValues(
     spVecDescr: *mut c_void,
@@ -12572,7 +12704,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpVecGetValues(
         ) as u32
     }
 }
-///`cusparseSpVecSetValues` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseSpVecSetValues` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpVecSetValues(
     spVecDescr: *mut c_void,
@@ -12585,7 +12717,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpVecSetValues(
         ) as u32
     }
 }
-///`cusparseSparseToDense` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseSparseToDense` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSparseToDense(
     handle: *mut c_void,
@@ -12607,7 +12739,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSparseToDense(
         ) as u32
     }
 }
-///`cusparseSparseToDense_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSparseToDense_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSparseToDense_bufferSize(
     handle: *mut c_void,
@@ -12629,7 +12761,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSparseToDense_bufferSize(
         ) as u32
     }
 }
-///`cusparseSpruneCsr2csr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseSpruneCsr2csr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpruneCsr2csr(
     handle: *mut c_void,
@@ -12669,7 +12801,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpruneCsr2csr(
         ) as u32
     }
 }
-///`cusparseSpruneCsr2csrByPercentage` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseSpruneCsr2csrByPercentage` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpruneCsr2csrByPercentage(
     handle: *mut c_void,
@@ -12711,7 +12843,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpruneCsr2csrByPercentage(
         ) as u32
     }
 }
-///`cusparseSpruneCsr2csrByPercentage_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSpruneCsr2csrByPercentage_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpruneCsr2csrByPercentage_bufferSizeExt(
     handle: *mut c_void,
@@ -12753,7 +12885,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpruneCsr2csrByPercentage_bu
         ) as u32
     }
 }
-///`cusparseSpruneCsr2csrNnz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSpruneCsr2csrNnz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpruneCsr2csrNnz(
     handle: *mut c_void,
@@ -12791,7 +12923,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpruneCsr2csrNnz(
         ) as u32
     }
 }
-///`cusparseSpruneCsr2csrNnzByPercentage` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSpruneCsr2csrNnzByPercentage` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpruneCsr2csrNnzByPercentage(
     handle: *mut c_void,
@@ -12831,7 +12963,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpruneCsr2csrNnzByPercentage
         ) as u32
     }
 }
-///`cusparseSpruneCsr2csr_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSpruneCsr2csr_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpruneCsr2csr_bufferSizeExt(
     handle: *mut c_void,
@@ -12871,7 +13003,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpruneCsr2csr_bufferSizeExt(
         ) as u32
     }
 }
-///`cusparseSpruneDense2csr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseSpruneDense2csr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpruneDense2csr(
     handle: *mut c_void,
@@ -12905,7 +13037,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpruneDense2csr(
         ) as u32
     }
 }
-///`cusparseSpruneDense2csrByPercentage` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseSpruneDense2csrByPercentage` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpruneDense2csrByPercentage(
     handle: *mut c_void,
@@ -12941,7 +13073,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpruneDense2csrByPercentage(
         ) as u32
     }
 }
-///`cusparseSpruneDense2csrByPercentage_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSpruneDense2csrByPercentage_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpruneDense2csrByPercentage_bufferSizeExt(
     handle: *mut c_void,
@@ -12977,7 +13109,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpruneDense2csrByPercentage_
         ) as u32
     }
 }
-///`cusparseSpruneDense2csrNnz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSpruneDense2csrNnz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpruneDense2csrNnz(
     handle: *mut c_void,
@@ -13009,7 +13141,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpruneDense2csrNnz(
         ) as u32
     }
 }
-///`cusparseSpruneDense2csrNnzByPercentage` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSpruneDense2csrNnzByPercentage` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpruneDense2csrNnzByPercentage(
     handle: *mut c_void,
@@ -13043,7 +13175,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpruneDense2csrNnzByPercenta
         ) as u32
     }
 }
-///`cusparseSpruneDense2csr_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseSpruneDense2csr_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpruneDense2csr_bufferSizeExt(
     handle: *mut c_void,
@@ -13129,7 +13261,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSsctr(
         ) as u32
     }
 }
-///`cusparseXbsric02_zeroPivot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseXbsric02_zeroPivot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseXbsric02_zeroPivot(
     handle: *mut c_void,
@@ -13147,7 +13279,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseXbsric02_zeroPivot(
         ) as u32
     }
 }
-///`cusparseXbsrilu02_zeroPivot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseXbsrilu02_zeroPivot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseXbsrilu02_zeroPivot(
     handle: *mut c_void,
@@ -13165,7 +13297,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseXbsrilu02_zeroPivot(
         ) as u32
     }
 }
-///`cusparseXbsrsm2_zeroPivot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseXbsrsm2_zeroPivot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseXbsrsm2_zeroPivot(
     handle: *mut c_void,
@@ -13183,7 +13315,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseXbsrsm2_zeroPivot(
         ) as u32
     }
 }
-///`cusparseXbsrsv2_zeroPivot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseXbsrsv2_zeroPivot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseXbsrsv2_zeroPivot(
     handle: *mut c_void,
@@ -13201,7 +13333,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseXbsrsv2_zeroPivot(
         ) as u32
     }
 }
-///`cusparseXcoo2csr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseXcoo2csr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseXcoo2csr(
     handle: *mut c_void,
@@ -13225,7 +13357,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseXcoo2csr(
         ) as u32
     }
 }
-///`cusparseXcoosortByColumn` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseXcoosortByColumn` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseXcoosortByColumn(
     handle: *mut c_void,
@@ -13253,7 +13385,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseXcoosortByColumn(
         ) as u32
     }
 }
-///`cusparseXcoosortByRow` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseXcoosortByRow` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseXcoosortByRow(
     handle: *mut c_void,
@@ -13281,7 +13413,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseXcoosortByRow(
         ) as u32
     }
 }
-///`cusparseXcoosort_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseXcoosort_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseXcoosort_bufferSizeExt(
     handle: *mut c_void,
@@ -13307,7 +13439,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseXcoosort_bufferSizeExt(
         ) as u32
     }
 }
-///`cusparseXcscsort` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseXcscsort` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseXcscsort(
     handle: *mut c_void,
@@ -13337,7 +13469,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseXcscsort(
         ) as u32
     }
 }
-///`cusparseXcscsort_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseXcscsort_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseXcscsort_bufferSizeExt(
     handle: *mut c_void,
@@ -13363,7 +13495,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseXcscsort_bufferSizeExt(
         ) as u32
     }
 }
-///`cusparseXcsr2bsrNnz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseXcsr2bsrNnz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseXcsr2bsrNnz(
     handle: *mut c_void,
@@ -13397,7 +13529,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseXcsr2bsrNnz(
         ) as u32
     }
 }
-///`cusparseXcsr2coo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseXcsr2coo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseXcsr2coo(
     handle: *mut c_void,
@@ -13421,7 +13553,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseXcsr2coo(
         ) as u32
     }
 }
-///`cusparseXcsr2gebsrNnz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseXcsr2gebsrNnz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseXcsr2gebsrNnz(
     handle: *mut c_void,
@@ -13459,7 +13591,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseXcsr2gebsrNnz(
         ) as u32
     }
 }
-///`cusparseXcsrgeam2Nnz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseXcsrgeam2Nnz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseXcsrgeam2Nnz(
     handle: *mut c_void,
@@ -13555,7 +13687,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseXcsrgemm2Nnz(
         ) as u32
     }
 }
-///`cusparseXcsric02_zeroPivot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseXcsric02_zeroPivot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseXcsric02_zeroPivot(
     handle: *mut c_void,
@@ -13573,7 +13705,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseXcsric02_zeroPivot(
         ) as u32
     }
 }
-///`cusparseXcsrilu02_zeroPivot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseXcsrilu02_zeroPivot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseXcsrilu02_zeroPivot(
     handle: *mut c_void,
@@ -13609,7 +13741,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseXcsrsm2_zeroPivot(
         ) as u32
     }
 }
-///`cusparseXcsrsort` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseXcsrsort` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseXcsrsort(
     handle: *mut c_void,
@@ -13639,7 +13771,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseXcsrsort(
         ) as u32
     }
 }
-///`cusparseXcsrsort_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseXcsrsort_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseXcsrsort_bufferSizeExt(
     handle: *mut c_void,
@@ -13683,7 +13815,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseXcsrsv2_zeroPivot(
         ) as u32
     }
 }
-///`cusparseXgebsr2csr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseXgebsr2csr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseXgebsr2csr(
     handle: *mut c_void,
@@ -13719,7 +13851,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseXgebsr2csr(
         ) as u32
     }
 }
-///`cusparseXgebsr2gebsrNnz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseXgebsr2gebsrNnz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseXgebsr2gebsrNnz(
     handle: *mut c_void,
@@ -13789,7 +13921,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZaxpyi(
         ) as u32
     }
 }
-///`cusparseZbsr2csr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseZbsr2csr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsr2csr(
     handle: *mut c_void,
@@ -13827,7 +13959,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsr2csr(
         ) as u32
     }
 }
-///`cusparseZbsric02` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseZbsric02` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsric02(
     handle: *mut c_void,
@@ -13863,7 +13995,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsric02(
         ) as u32
     }
 }
-///`cusparseZbsric02_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseZbsric02_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsric02_analysis(
     handle: *mut c_void,
@@ -13899,7 +14031,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsric02_analysis(
         ) as u32
     }
 }
-///`cusparseZbsric02_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseZbsric02_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsric02_bufferSize(
     handle: *mut c_void,
@@ -13933,7 +14065,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsric02_bufferSize(
         ) as u32
     }
 }
-///`cusparseZbsric02_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseZbsric02_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsric02_bufferSizeExt(
     handle: *mut c_void,
@@ -13967,7 +14099,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsric02_bufferSizeExt(
         ) as u32
     }
 }
-///`cusparseZbsrilu02` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseZbsrilu02` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsrilu02(
     handle: *mut c_void,
@@ -14003,7 +14135,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsrilu02(
         ) as u32
     }
 }
-///`cusparseZbsrilu02_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseZbsrilu02_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsrilu02_analysis(
     handle: *mut c_void,
@@ -14039,7 +14171,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsrilu02_analysis(
         ) as u32
     }
 }
-///`cusparseZbsrilu02_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseZbsrilu02_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsrilu02_bufferSize(
     handle: *mut c_void,
@@ -14073,7 +14205,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsrilu02_bufferSize(
         ) as u32
     }
 }
-///`cusparseZbsrilu02_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseZbsrilu02_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsrilu02_bufferSizeExt(
     handle: *mut c_void,
@@ -14107,7 +14239,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsrilu02_bufferSizeExt(
         ) as u32
     }
 }
-///`cusparseZbsrilu02_numericBoost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseZbsrilu02_numericBoost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsrilu02_numericBoost(
     handle: *mut c_void,
@@ -14129,7 +14261,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsrilu02_numericBoost(
         ) as u32
     }
 }
-///`cusparseZbsrmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseZbsrmm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsrmm(
     handle: *mut c_void,
@@ -14179,7 +14311,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsrmm(
         ) as u32
     }
 }
-///`cusparseZbsrmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseZbsrmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsrmv(
     handle: *mut c_void,
@@ -14221,7 +14353,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsrmv(
         ) as u32
     }
 }
-///`cusparseZbsrsm2_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseZbsrsm2_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsrsm2_analysis(
     handle: *mut c_void,
@@ -14263,7 +14395,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsrsm2_analysis(
         ) as u32
     }
 }
-///`cusparseZbsrsm2_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseZbsrsm2_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsrsm2_bufferSize(
     handle: *mut c_void,
@@ -14303,7 +14435,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsrsm2_bufferSize(
         ) as u32
     }
 }
-///`cusparseZbsrsm2_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseZbsrsm2_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsrsm2_bufferSizeExt(
     handle: *mut c_void,
@@ -14343,7 +14475,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsrsm2_bufferSizeExt(
         ) as u32
     }
 }
-///`cusparseZbsrsm2_solve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseZbsrsm2_solve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsrsm2_solve(
     handle: *mut c_void,
@@ -14395,7 +14527,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsrsm2_solve(
         ) as u32
     }
 }
-///`cusparseZbsrsv2_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseZbsrsv2_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsrsv2_analysis(
     handle: *mut c_void,
@@ -14433,7 +14565,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsrsv2_analysis(
         ) as u32
     }
 }
-///`cusparseZbsrsv2_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseZbsrsv2_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsrsv2_bufferSize(
     handle: *mut c_void,
@@ -14469,7 +14601,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsrsv2_bufferSize(
         ) as u32
     }
 }
-///`cusparseZbsrsv2_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseZbsrsv2_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsrsv2_bufferSizeExt(
     handle: *mut c_void,
@@ -14505,7 +14637,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsrsv2_bufferSizeExt(
         ) as u32
     }
 }
-///`cusparseZbsrsv2_solve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseZbsrsv2_solve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsrsv2_solve(
     handle: *mut c_void,
@@ -14549,7 +14681,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsrsv2_solve(
         ) as u32
     }
 }
-///`cusparseZbsrxmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseZbsrxmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZbsrxmv(
     handle: *mut c_void,
@@ -14627,7 +14759,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsc2dense(
         ) as u32
     }
 }
-///`cusparseZcsr2bsr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseZcsr2bsr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsr2bsr(
     handle: *mut c_void,
@@ -14665,7 +14797,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsr2bsr(
         ) as u32
     }
 }
-///`cusparseZcsr2csr_compress` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseZcsr2csr_compress` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsr2csr_compress(
     handle: *mut c_void,
@@ -14703,7 +14835,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsr2csr_compress(
         ) as u32
     }
 }
-///`cusparseZcsr2csru` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseZcsr2csru` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsr2csru(
     handle: *mut c_void,
@@ -14765,7 +14897,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsr2dense(
         ) as u32
     }
 }
-///`cusparseZcsr2gebsr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseZcsr2gebsr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsr2gebsr(
     handle: *mut c_void,
@@ -14807,7 +14939,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsr2gebsr(
         ) as u32
     }
 }
-///`cusparseZcsr2gebsr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseZcsr2gebsr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsr2gebsr_bufferSize(
     handle: *mut c_void,
@@ -14841,7 +14973,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsr2gebsr_bufferSize(
         ) as u32
     }
 }
-///`cusparseZcsr2gebsr_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseZcsr2gebsr_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsr2gebsr_bufferSizeExt(
     handle: *mut c_void,
@@ -14875,7 +15007,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsr2gebsr_bufferSizeExt(
         ) as u32
     }
 }
-///`cusparseZcsrcolor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseZcsrcolor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsrcolor(
     handle: *mut c_void,
@@ -14911,7 +15043,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsrcolor(
         ) as u32
     }
 }
-///`cusparseZcsrgeam2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseZcsrgeam2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsrgeam2(
     handle: *mut c_void,
@@ -14963,7 +15095,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsrgeam2(
         ) as u32
     }
 }
-///`cusparseZcsrgeam2_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseZcsrgeam2_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsrgeam2_bufferSizeExt(
     handle: *mut c_void,
@@ -15133,7 +15265,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsrgemm2_bufferSizeExt(
         ) as u32
     }
 }
-///`cusparseZcsric02` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseZcsric02` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsric02(
     handle: *mut c_void,
@@ -15165,7 +15297,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsric02(
         ) as u32
     }
 }
-///`cusparseZcsric02_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseZcsric02_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsric02_analysis(
     handle: *mut c_void,
@@ -15197,7 +15329,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsric02_analysis(
         ) as u32
     }
 }
-///`cusparseZcsric02_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseZcsric02_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsric02_bufferSize(
     handle: *mut c_void,
@@ -15227,7 +15359,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsric02_bufferSize(
         ) as u32
     }
 }
-///`cusparseZcsric02_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseZcsric02_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsric02_bufferSizeExt(
     handle: *mut c_void,
@@ -15257,7 +15389,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsric02_bufferSizeExt(
         ) as u32
     }
 }
-///`cusparseZcsrilu02` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseZcsrilu02` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsrilu02(
     handle: *mut c_void,
@@ -15289,7 +15421,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsrilu02(
         ) as u32
     }
 }
-///`cusparseZcsrilu02_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseZcsrilu02_analysis` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsrilu02_analysis(
     handle: *mut c_void,
@@ -15321,7 +15453,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsrilu02_analysis(
         ) as u32
     }
 }
-///`cusparseZcsrilu02_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseZcsrilu02_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsrilu02_bufferSize(
     handle: *mut c_void,
@@ -15351,7 +15483,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsrilu02_bufferSize(
         ) as u32
     }
 }
-///`cusparseZcsrilu02_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseZcsrilu02_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsrilu02_bufferSizeExt(
     handle: *mut c_void,
@@ -15381,7 +15513,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsrilu02_bufferSizeExt(
         ) as u32
     }
 }
-///`cusparseZcsrilu02_numericBoost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseZcsrilu02_numericBoost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsrilu02_numericBoost(
     handle: *mut c_void,
@@ -15679,7 +15811,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsrsv2_solve(
         ) as u32
     }
 }
-///`cusparseZcsru2csr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseZcsru2csr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsru2csr(
     handle: *mut c_void,
@@ -15711,7 +15843,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsru2csr(
         ) as u32
     }
 }
-///`cusparseZcsru2csr_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseZcsru2csr_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZcsru2csr_bufferSizeExt(
     handle: *mut c_void,
@@ -15805,7 +15937,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZdense2csr(
         ) as u32
     }
 }
-///`cusparseZgebsr2csr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseZgebsr2csr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZgebsr2csr(
     handle: *mut c_void,
@@ -15845,7 +15977,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZgebsr2csr(
         ) as u32
     }
 }
-///`cusparseZgebsr2gebsc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseZgebsr2gebsc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZgebsr2gebsc(
     handle: *mut c_void,
@@ -15887,7 +16019,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZgebsr2gebsc(
         ) as u32
     }
 }
-///`cusparseZgebsr2gebsc_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseZgebsr2gebsc_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZgebsr2gebsc_bufferSize(
     handle: *mut c_void,
@@ -15919,7 +16051,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZgebsr2gebsc_bufferSize(
         ) as u32
     }
 }
-///`cusparseZgebsr2gebsc_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseZgebsr2gebsc_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZgebsr2gebsc_bufferSizeExt(
     handle: *mut c_void,
@@ -15951,7 +16083,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZgebsr2gebsc_bufferSizeExt(
         ) as u32
     }
 }
-///`cusparseZgebsr2gebsr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseZgebsr2gebsr` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZgebsr2gebsr(
     handle: *mut c_void,
@@ -15999,7 +16131,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZgebsr2gebsr(
         ) as u32
     }
 }
-///`cusparseZgebsr2gebsr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseZgebsr2gebsr_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZgebsr2gebsr_bufferSize(
     handle: *mut c_void,
@@ -16039,7 +16171,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZgebsr2gebsr_bufferSize(
         ) as u32
     }
 }
-///`cusparseZgebsr2gebsr_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseZgebsr2gebsr_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZgebsr2gebsr_bufferSizeExt(
     handle: *mut c_void,
@@ -16119,7 +16251,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZgemmi(
         ) as u32
     }
 }
-///`cusparseZgemvi` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseZgemvi` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZgemvi(
     handle: *mut c_void,
@@ -16159,7 +16291,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZgemvi(
         ) as u32
     }
 }
-///`cusparseZgemvi_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseZgemvi_bufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZgemvi_bufferSize(
     handle: *mut c_void,
@@ -16183,7 +16315,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZgemvi_bufferSize(
         ) as u32
     }
 }
-///`cusparseZgpsvInterleavedBatch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseZgpsvInterleavedBatch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZgpsvInterleavedBatch(
     handle: *mut c_void,
@@ -16217,7 +16349,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZgpsvInterleavedBatch(
         ) as u32
     }
 }
-///`cusparseZgpsvInterleavedBatch_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseZgpsvInterleavedBatch_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZgpsvInterleavedBatch_bufferSizeExt(
     handle: *mut c_void,
@@ -16299,7 +16431,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZgthrz(
         ) as u32
     }
 }
-///`cusparseZgtsv2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseZgtsv2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZgtsv2(
     handle: *mut c_void,
@@ -16329,7 +16461,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZgtsv2(
         ) as u32
     }
 }
-///`cusparseZgtsv2StridedBatch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseZgtsv2StridedBatch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZgtsv2StridedBatch(
     handle: *mut c_void,
@@ -16359,7 +16491,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZgtsv2StridedBatch(
         ) as u32
     }
 }
-///`cusparseZgtsv2StridedBatch_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseZgtsv2StridedBatch_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZgtsv2StridedBatch_bufferSizeExt(
     handle: *mut c_void,
@@ -16389,7 +16521,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZgtsv2StridedBatch_bufferSiz
         ) as u32
     }
 }
-///`cusparseZgtsv2_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseZgtsv2_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZgtsv2_bufferSizeExt(
     handle: *mut c_void,
@@ -16419,7 +16551,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZgtsv2_bufferSizeExt(
         ) as u32
     }
 }
-///`cusparseZgtsv2_nopivot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseZgtsv2_nopivot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZgtsv2_nopivot(
     handle: *mut c_void,
@@ -16449,7 +16581,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZgtsv2_nopivot(
         ) as u32
     }
 }
-///`cusparseZgtsv2_nopivot_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseZgtsv2_nopivot_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZgtsv2_nopivot_bufferSizeExt(
     handle: *mut c_void,
@@ -16479,7 +16611,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZgtsv2_nopivot_bufferSizeExt
         ) as u32
     }
 }
-///`cusparseZgtsvInterleavedBatch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cusparseZgtsvInterleavedBatch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZgtsvInterleavedBatch(
     handle: *mut c_void,
@@ -16509,7 +16641,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZgtsvInterleavedBatch(
         ) as u32
     }
 }
-///`cusparseZgtsvInterleavedBatch_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseZgtsvInterleavedBatch_bufferSizeExt` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZgtsvInterleavedBatch_bufferSizeExt(
     handle: *mut c_void,
@@ -16539,7 +16671,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZgtsvInterleavedBatch_buffer
         ) as u32
     }
 }
-///`cusparseZnnz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseZnnz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZnnz(
     handle: *mut c_void,
@@ -16569,7 +16701,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseZnnz(
         ) as u32
     }
 }
-///`cusparseZnnz_compress` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseZnnz_compress` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseZnnz_compress(
     handle: *mut c_void,

@@ -60,7 +60,7 @@ pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtDenseDescriptorInit__cu1
         ) as u32
     }
 }
-///`cusparseLtDenseDescriptorInit` for CUDA 13.0, 13.1 (async).
+///`cusparseLtDenseDescriptorInit` for CUDA 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtDenseDescriptorInit__cu130(
     handle: *mut c_void,
@@ -112,7 +112,7 @@ pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtDestroy__cu128(
         ) as u32
     }
 }
-///`cusparseLtDestroy` for CUDA 13.0, 13.1 (async).
+///`cusparseLtDestroy` for CUDA 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtDestroy__cu130(
     handle: *mut c_void,
@@ -124,30 +124,30 @@ pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtDestroy__cu130(
         ) as u32
     }
 }
-///`cusparseLtGetErrorName` for CUDA 12.8, 13.0, 13.1 (local, generated).
+///`cusparseLtGetErrorName` for CUDA 12.8, 13.0, 13.1, 13.5 (local, generated).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtGetErrorName(
     status: u32,
 ) -> *mut c_void {
     unsafe {
-        crate::runtime::error_name("13.1", "cusparselt", status as i64) as *mut c_void
+        crate::runtime::error_name("13.5", "cusparselt", status as i64) as *mut c_void
     }
 }
-///`cusparseLtGetErrorString` for CUDA 12.8, 13.0, 13.1 (local, generated).
+///`cusparseLtGetErrorString` for CUDA 12.8, 13.0, 13.1, 13.5 (local, generated).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtGetErrorString(
     status: u32,
 ) -> *mut c_void {
     unsafe {
         crate::runtime::error_string(
-            "13.1",
+            "13.5",
             "cusparselt",
             "cusparseLtGetErrorString",
             status as i64,
         ) as *mut c_void
     }
 }
-///`cusparseLtGetProperty` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cusparseLtGetProperty` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtGetProperty(
     propertyType: u32,
@@ -186,7 +186,7 @@ pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtGetVersion__cu128(
         ) as u32
     }
 }
-///`cusparseLtGetVersion` for CUDA 13.0, 13.1 (sync).
+///`cusparseLtGetVersion` for CUDA 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtGetVersion__cu130(
     handle: *mut c_void,
@@ -223,7 +223,7 @@ pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtInit__cu128(
         ) as u32
     }
 }
-///`cusparseLtInit` for CUDA 13.0, 13.1 (sync).
+///`cusparseLtInit` for CUDA 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtInit__cu130(
     handle: *mut c_void,
@@ -279,7 +279,7 @@ pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatDescGetAttribute__cu1
         ) as u32
     }
 }
-///`cusparseLtMatDescGetAttribute` for CUDA 13.0, 13.1 (sync).
+///`cusparseLtMatDescGetAttribute` for CUDA 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatDescGetAttribute__cu130(
     handle: *mut c_void,
@@ -381,7 +381,7 @@ pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatDescSetAttribute__cu1
         }) as u32
     }
 }
-///`cusparseLtMatDescSetAttribute` for CUDA 13.0, 13.1 (custom).
+///`cusparseLtMatDescSetAttribute` for CUDA 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatDescSetAttribute__cu130(
     handle: *mut c_void,
@@ -394,7 +394,7 @@ pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatDescSetAttribute__cu1
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusparseLtMatDescSetAttribute",
-                version: "13.1",
+                version: "13.5",
                 library: "cusparselt",
                 forms: &[
                     &chidori_cuda::calls::cusparselt::cusparseLtMatDescSetAttribute__cu130__async,
@@ -445,7 +445,7 @@ pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatDescriptorDestroy__cu
         ) as u32
     }
 }
-///`cusparseLtMatDescriptorDestroy` for CUDA 13.0, 13.1 (async).
+///`cusparseLtMatDescriptorDestroy` for CUDA 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatDescriptorDestroy__cu130(
     matDescr: *mut c_void,
@@ -525,7 +525,7 @@ pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmul__cu128(
         ) as u32
     }
 }
-///`cusparseLtMatmul` for CUDA 13.0, 13.1 (async).
+///`cusparseLtMatmul` for CUDA 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmul__cu130(
     handle: *mut c_void,
@@ -603,7 +603,7 @@ pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulAlgGetAttribute__c
         ) as u32
     }
 }
-///`cusparseLtMatmulAlgGetAttribute` for CUDA 13.0, 13.1 (sync).
+///`cusparseLtMatmulAlgGetAttribute` for CUDA 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulAlgGetAttribute__cu130(
     handle: *mut c_void,
@@ -625,7 +625,7 @@ pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulAlgGetAttribute__c
         ) as u32
     }
 }
-///`cusparseLtMatmulAlgSelectionDestroy` for CUDA 13.0, 13.1 (async).
+///`cusparseLtMatmulAlgSelectionDestroy` for CUDA 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulAlgSelectionDestroy(
     algSelection: *mut c_void,
@@ -677,7 +677,7 @@ pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulAlgSelectionInit__
         ) as u32
     }
 }
-///`cusparseLtMatmulAlgSelectionInit` for CUDA 13.0, 13.1 (async).
+///`cusparseLtMatmulAlgSelectionInit` for CUDA 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulAlgSelectionInit__cu130(
     handle: *mut c_void,
@@ -777,7 +777,7 @@ pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulAlgSetAttribute__c
         }) as u32
     }
 }
-///`cusparseLtMatmulAlgSetAttribute` for CUDA 13.0, 13.1 (custom).
+///`cusparseLtMatmulAlgSetAttribute` for CUDA 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulAlgSetAttribute__cu130(
     handle: *mut c_void,
@@ -790,7 +790,7 @@ pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulAlgSetAttribute__c
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusparseLtMatmulAlgSetAttribute",
-                version: "13.1",
+                version: "13.5",
                 library: "cusparselt",
                 forms: &[
                     &chidori_cuda::calls::cusparselt::cusparseLtMatmulAlgSetAttribute__cu130__async,
@@ -861,7 +861,7 @@ pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulDescGetAttribute__
         ) as u32
     }
 }
-///`cusparseLtMatmulDescGetAttribute` for CUDA 13.0, 13.1 (sync).
+///`cusparseLtMatmulDescGetAttribute` for CUDA 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulDescGetAttribute__cu130(
     handle: *mut c_void,
@@ -963,7 +963,7 @@ pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulDescSetAttribute__
         }) as u32
     }
 }
-///`cusparseLtMatmulDescSetAttribute` for CUDA 13.0, 13.1 (custom).
+///`cusparseLtMatmulDescSetAttribute` for CUDA 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulDescSetAttribute__cu130(
     handle: *mut c_void,
@@ -976,7 +976,7 @@ pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulDescSetAttribute__
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusparseLtMatmulDescSetAttribute",
-                version: "13.1",
+                version: "13.5",
                 library: "cusparselt",
                 forms: &[
                     &chidori_cuda::calls::cusparselt::cusparseLtMatmulDescSetAttribute__cu130__async,
@@ -1063,7 +1063,7 @@ pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulDescriptorInit__cu
         ) as u32
     }
 }
-///`cusparseLtMatmulDescriptorInit` for CUDA 13.0, 13.1 (async).
+///`cusparseLtMatmulDescriptorInit` for CUDA 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulDescriptorInit__cu130(
     handle: *mut c_void,
@@ -1129,7 +1129,7 @@ pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulGetWorkspace__cu12
         ) as u32
     }
 }
-///`cusparseLtMatmulGetWorkspace` for CUDA 13.0, 13.1 (sync).
+///`cusparseLtMatmulGetWorkspace` for CUDA 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulGetWorkspace__cu130(
     handle: *mut c_void,
@@ -1199,7 +1199,7 @@ pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulPlanDestroy__cu128
         }) as u32
     }
 }
-///`cusparseLtMatmulPlanDestroy` for CUDA 13.0, 13.1 (custom).
+///`cusparseLtMatmulPlanDestroy` for CUDA 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulPlanDestroy__cu130(
     plan: *mut c_void,
@@ -1208,7 +1208,7 @@ pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulPlanDestroy__cu130
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusparseLtMatmulPlanDestroy",
-                version: "13.1",
+                version: "13.5",
                 library: "cusparselt",
                 forms: &[
                     &chidori_cuda::calls::cusparselt::cusparseLtMatmulPlanDestroy__cu130__call,
@@ -1299,7 +1299,7 @@ pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulPlanInit__cu128(
         }) as u32
     }
 }
-///`cusparseLtMatmulPlanInit` for CUDA 13.0, 13.1 (custom).
+///`cusparseLtMatmulPlanInit` for CUDA 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulPlanInit__cu130(
     handle: *mut c_void,
@@ -1311,7 +1311,7 @@ pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulPlanInit__cu130(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cusparseLtMatmulPlanInit",
-                version: "13.1",
+                version: "13.5",
                 library: "cusparselt",
                 forms: &[
                     &chidori_cuda::calls::cusparselt::cusparseLtMatmulPlanInit__cu130__call,
@@ -1404,7 +1404,7 @@ pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulSearch__cu128(
         ) as u32
     }
 }
-///`cusparseLtMatmulSearch` for CUDA 13.0, 13.1 (async).
+///`cusparseLtMatmulSearch` for CUDA 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtMatmulSearch__cu130(
     handle: *mut c_void,
@@ -1486,7 +1486,7 @@ pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtSpMMACompress__cu128(
         ) as u32
     }
 }
-///`cusparseLtSpMMACompress` for CUDA 13.0, 13.1 (async).
+///`cusparseLtSpMMACompress` for CUDA 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtSpMMACompress__cu130(
     handle: *mut c_void,
@@ -1566,7 +1566,7 @@ pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtSpMMACompress2__cu128(
         ) as u32
     }
 }
-///`cusparseLtSpMMACompress2` for CUDA 13.0, 13.1 (async).
+///`cusparseLtSpMMACompress2` for CUDA 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtSpMMACompress2__cu130(
     handle: *mut c_void,
@@ -1634,7 +1634,7 @@ pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtSpMMACompressedSize__cu1
         ) as u32
     }
 }
-///`cusparseLtSpMMACompressedSize` for CUDA 13.0, 13.1 (sync).
+///`cusparseLtSpMMACompressedSize` for CUDA 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtSpMMACompressedSize__cu130(
     handle: *mut c_void,
@@ -1694,7 +1694,7 @@ pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtSpMMACompressedSize2__cu
         ) as u32
     }
 }
-///`cusparseLtSpMMACompressedSize2` for CUDA 13.0, 13.1 (sync).
+///`cusparseLtSpMMACompressedSize2` for CUDA 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtSpMMACompressedSize2__cu130(
     handle: *mut c_void,
@@ -1762,7 +1762,7 @@ pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtSpMMAPrune__cu128(
         ) as u32
     }
 }
-///`cusparseLtSpMMAPrune` for CUDA 13.0, 13.1 (async).
+///`cusparseLtSpMMAPrune` for CUDA 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtSpMMAPrune__cu130(
     handle: *mut c_void,
@@ -1842,7 +1842,7 @@ pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtSpMMAPrune2__cu128(
         ) as u32
     }
 }
-///`cusparseLtSpMMAPrune2` for CUDA 13.0, 13.1 (async).
+///`cusparseLtSpMMAPrune2` for CUDA 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtSpMMAPrune2__cu130(
     handle: *mut c_void,
@@ -1914,7 +1914,7 @@ pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtSpMMAPruneCheck__cu128(
         ) as u32
     }
 }
-///`cusparseLtSpMMAPruneCheck` for CUDA 13.0, 13.1 (async).
+///`cusparseLtSpMMAPruneCheck` for CUDA 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtSpMMAPruneCheck__cu130(
     handle: *mut c_void,
@@ -1988,7 +1988,7 @@ pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtSpMMAPruneCheck2__cu128(
         ) as u32
     }
 }
-///`cusparseLtSpMMAPruneCheck2` for CUDA 13.0, 13.1 (async).
+///`cusparseLtSpMMAPruneCheck2` for CUDA 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtSpMMAPruneCheck2__cu130(
     handle: *mut c_void,
@@ -2074,7 +2074,7 @@ pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtStructuredDescriptorInit
         ) as u32
     }
 }
-///`cusparseLtStructuredDescriptorInit` for CUDA 13.0, 13.1 (async).
+///`cusparseLtStructuredDescriptorInit` for CUDA 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparselt_cusparseLtStructuredDescriptorInit__cu130(
     handle: *mut c_void,

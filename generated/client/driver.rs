@@ -4,7 +4,7 @@
 
 #[allow(unused_imports)]
 use core::ffi::c_void;
-///`cuArray3DCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuArray3DCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuArray3DCreate(
     pHandle: *mut c_void,
@@ -17,7 +17,7 @@ pub unsafe extern "C" fn __chidori_driver_cuArray3DCreate(
         ) as u32
     }
 }
-///`cuArray3DCreate_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuArray3DCreate_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuArray3DCreate_v2(
     pHandle: *mut c_void,
@@ -30,7 +30,7 @@ pub unsafe extern "C" fn __chidori_driver_cuArray3DCreate_v2(
         ) as u32
     }
 }
-///`cuArray3DGetDescriptor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuArray3DGetDescriptor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuArray3DGetDescriptor(
     pArrayDescriptor: *mut c_void,
@@ -43,7 +43,7 @@ pub unsafe extern "C" fn __chidori_driver_cuArray3DGetDescriptor(
         ) as u32
     }
 }
-///`cuArray3DGetDescriptor_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuArray3DGetDescriptor_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuArray3DGetDescriptor_v2(
     pArrayDescriptor: *mut c_void,
@@ -56,7 +56,7 @@ pub unsafe extern "C" fn __chidori_driver_cuArray3DGetDescriptor_v2(
         ) as u32
     }
 }
-///`cuArrayCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuArrayCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuArrayCreate(
     pHandle: *mut c_void,
@@ -69,7 +69,7 @@ pub unsafe extern "C" fn __chidori_driver_cuArrayCreate(
         ) as u32
     }
 }
-///`cuArrayCreate_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuArrayCreate_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuArrayCreate_v2(
     pHandle: *mut c_void,
@@ -82,7 +82,7 @@ pub unsafe extern "C" fn __chidori_driver_cuArrayCreate_v2(
         ) as u32
     }
 }
-///`cuArrayDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuArrayDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuArrayDestroy(hArray: *mut c_void) -> u32 {
     unsafe {
@@ -92,7 +92,7 @@ pub unsafe extern "C" fn __chidori_driver_cuArrayDestroy(hArray: *mut c_void) ->
         ) as u32
     }
 }
-///`cuArrayGetDescriptor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuArrayGetDescriptor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuArrayGetDescriptor(
     pArrayDescriptor: *mut c_void,
@@ -105,7 +105,7 @@ pub unsafe extern "C" fn __chidori_driver_cuArrayGetDescriptor(
         ) as u32
     }
 }
-///`cuArrayGetDescriptor_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuArrayGetDescriptor_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuArrayGetDescriptor_v2(
     pArrayDescriptor: *mut c_void,
@@ -118,7 +118,7 @@ pub unsafe extern "C" fn __chidori_driver_cuArrayGetDescriptor_v2(
         ) as u32
     }
 }
-///`cuArrayGetMemoryRequirements` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuArrayGetMemoryRequirements` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuArrayGetMemoryRequirements(
     memoryRequirements: *mut c_void,
@@ -136,7 +136,7 @@ pub unsafe extern "C" fn __chidori_driver_cuArrayGetMemoryRequirements(
         ) as u32
     }
 }
-///`cuArrayGetPlane` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuArrayGetPlane` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuArrayGetPlane(
     pPlaneArray: *mut c_void,
@@ -150,7 +150,7 @@ pub unsafe extern "C" fn __chidori_driver_cuArrayGetPlane(
         ) as u32
     }
 }
-///`cuArrayGetSparseProperties` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuArrayGetSparseProperties` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuArrayGetSparseProperties(
     sparseProperties: *mut c_void,
@@ -163,33 +163,31 @@ pub unsafe extern "C" fn __chidori_driver_cuArrayGetSparseProperties(
         ) as u32
     }
 }
-///`cuCheckpointProcessGetRestoreThreadId` for CUDA 12.8, 13.0, 13.1 (sync).
+///`cuCoredumpDeregisterCompleteCallback` for CUDA 13.5 (sync).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_driver_cuCheckpointProcessGetRestoreThreadId(
-    pid: i32,
-    tid: *mut c_void,
+pub unsafe extern "C" fn __chidori_driver_cuCoredumpDeregisterCompleteCallback(
+    callback: *mut c_void,
 ) -> u32 {
     unsafe {
         crate::runtime::call(
-            &chidori_cuda::calls::driver::cuCheckpointProcessGetRestoreThreadId,
-            &[(pid) as i64 as u64, (tid) as usize as u64],
+            &chidori_cuda::calls::driver::cuCoredumpDeregisterCompleteCallback,
+            &[(callback) as usize as u64],
         ) as u32
     }
 }
-///`cuCheckpointProcessGetState` for CUDA 12.8, 13.0, 13.1 (sync).
+///`cuCoredumpDeregisterStartCallback` for CUDA 13.5 (sync).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_driver_cuCheckpointProcessGetState(
-    pid: i32,
-    state: *mut c_void,
+pub unsafe extern "C" fn __chidori_driver_cuCoredumpDeregisterStartCallback(
+    callback: *mut c_void,
 ) -> u32 {
     unsafe {
         crate::runtime::call(
-            &chidori_cuda::calls::driver::cuCheckpointProcessGetState,
-            &[(pid) as i64 as u64, (state) as usize as u64],
+            &chidori_cuda::calls::driver::cuCoredumpDeregisterStartCallback,
+            &[(callback) as usize as u64],
         ) as u32
     }
 }
-///`cuCtxAttach` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuCtxAttach` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuCtxAttach(
     pctx: *mut c_void,
@@ -202,7 +200,7 @@ pub unsafe extern "C" fn __chidori_driver_cuCtxAttach(
         ) as u32
     }
 }
-///`cuCtxCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuCtxCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuCtxCreate(
     pctx: *mut c_void,
@@ -216,7 +214,7 @@ pub unsafe extern "C" fn __chidori_driver_cuCtxCreate(
         ) as u32
     }
 }
-///`cuCtxCreate_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuCtxCreate_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuCtxCreate_v2(
     pctx: *mut c_void,
@@ -225,7 +223,7 @@ pub unsafe extern "C" fn __chidori_driver_cuCtxCreate_v2(
 ) -> u32 {
     unsafe { crate::custom::driver::cuCtxCreate_v2(pctx, flags, dev) }
 }
-///`cuCtxCreate_v3` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuCtxCreate_v3` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuCtxCreate_v3(
     pctx: *mut c_void,
@@ -238,7 +236,7 @@ pub unsafe extern "C" fn __chidori_driver_cuCtxCreate_v3(
         crate::custom::driver::cuCtxCreate_v3(pctx, paramsArray, numParams, flags, dev)
     }
 }
-///`cuCtxCreate_v4` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuCtxCreate_v4` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuCtxCreate_v4(
     pctx: *mut c_void,
@@ -248,7 +246,7 @@ pub unsafe extern "C" fn __chidori_driver_cuCtxCreate_v4(
 ) -> u32 {
     unsafe { crate::custom::driver::cuCtxCreate_v4(pctx, ctxCreateParams, flags, dev) }
 }
-///`cuCtxDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuCtxDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuCtxDestroy(ctx: *mut c_void) -> u32 {
     unsafe {
@@ -258,12 +256,12 @@ pub unsafe extern "C" fn __chidori_driver_cuCtxDestroy(ctx: *mut c_void) -> u32 
         ) as u32
     }
 }
-///`cuCtxDestroy_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuCtxDestroy_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuCtxDestroy_v2(ctx: *mut c_void) -> u32 {
     unsafe { crate::custom::driver::cuCtxDestroy_v2(ctx) }
 }
-///`cuCtxDetach` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuCtxDetach` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuCtxDetach(ctx: *mut c_void) -> u32 {
     unsafe {
@@ -273,7 +271,7 @@ pub unsafe extern "C" fn __chidori_driver_cuCtxDetach(ctx: *mut c_void) -> u32 {
         ) as u32
     }
 }
-///`cuCtxDisablePeerAccess` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuCtxDisablePeerAccess` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuCtxDisablePeerAccess(
     peerContext: *mut c_void,
@@ -285,7 +283,7 @@ pub unsafe extern "C" fn __chidori_driver_cuCtxDisablePeerAccess(
         ) as u32
     }
 }
-///`cuCtxEnablePeerAccess` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuCtxEnablePeerAccess` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuCtxEnablePeerAccess(
     peerContext: *mut c_void,
@@ -298,7 +296,7 @@ pub unsafe extern "C" fn __chidori_driver_cuCtxEnablePeerAccess(
         ) as u32
     }
 }
-///`cuCtxFromGreenCtx` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuCtxFromGreenCtx` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuCtxFromGreenCtx(
     pContext: *mut c_void,
@@ -311,7 +309,7 @@ pub unsafe extern "C" fn __chidori_driver_cuCtxFromGreenCtx(
         ) as u32
     }
 }
-///`cuCtxGetApiVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuCtxGetApiVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuCtxGetApiVersion(
     ctx: *mut c_void,
@@ -324,7 +322,7 @@ pub unsafe extern "C" fn __chidori_driver_cuCtxGetApiVersion(
         ) as u32
     }
 }
-///`cuCtxGetCacheConfig` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuCtxGetCacheConfig` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuCtxGetCacheConfig(
     pconfig: *mut c_void,
@@ -336,7 +334,7 @@ pub unsafe extern "C" fn __chidori_driver_cuCtxGetCacheConfig(
         ) as u32
     }
 }
-///`cuCtxGetCurrent` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuCtxGetCurrent` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuCtxGetCurrent(pctx: *mut c_void) -> u32 {
     unsafe { crate::custom::driver::cuCtxGetCurrent(pctx) }
@@ -355,7 +353,7 @@ pub unsafe extern "C" fn __chidori_driver_cuCtxGetDevResource__cu126(
         ) as u32
     }
 }
-///`cuCtxGetDevResource` for CUDA 13.1 (sync).
+///`cuCtxGetDevResource` for CUDA 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuCtxGetDevResource__cu131(
     hCtx: *mut c_void,
@@ -369,7 +367,7 @@ pub unsafe extern "C" fn __chidori_driver_cuCtxGetDevResource__cu131(
         ) as u32
     }
 }
-///`cuCtxGetDevice` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuCtxGetDevice` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuCtxGetDevice(device: *mut c_void) -> u32 {
     unsafe {
@@ -379,7 +377,7 @@ pub unsafe extern "C" fn __chidori_driver_cuCtxGetDevice(device: *mut c_void) ->
         ) as u32
     }
 }
-///`cuCtxGetDevice_v2` for CUDA 13.0, 13.1 (sync).
+///`cuCtxGetDevice_v2` for CUDA 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuCtxGetDevice_v2(
     device: *mut c_void,
@@ -392,7 +390,7 @@ pub unsafe extern "C" fn __chidori_driver_cuCtxGetDevice_v2(
         ) as u32
     }
 }
-///`cuCtxGetExecAffinity` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuCtxGetExecAffinity` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuCtxGetExecAffinity(
     pExecAffinity: *mut c_void,
@@ -405,7 +403,7 @@ pub unsafe extern "C" fn __chidori_driver_cuCtxGetExecAffinity(
         ) as u32
     }
 }
-///`cuCtxGetFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuCtxGetFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuCtxGetFlags(flags: *mut c_void) -> u32 {
     unsafe {
@@ -415,7 +413,7 @@ pub unsafe extern "C" fn __chidori_driver_cuCtxGetFlags(flags: *mut c_void) -> u
         ) as u32
     }
 }
-///`cuCtxGetId` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuCtxGetId` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuCtxGetId(
     ctx: *mut c_void,
@@ -428,7 +426,7 @@ pub unsafe extern "C" fn __chidori_driver_cuCtxGetId(
         ) as u32
     }
 }
-///`cuCtxGetLimit` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuCtxGetLimit` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuCtxGetLimit(
     pvalue: *mut c_void,
@@ -441,7 +439,7 @@ pub unsafe extern "C" fn __chidori_driver_cuCtxGetLimit(
         ) as u32
     }
 }
-///`cuCtxGetSharedMemConfig` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuCtxGetSharedMemConfig` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuCtxGetSharedMemConfig(
     pConfig: *mut c_void,
@@ -453,7 +451,7 @@ pub unsafe extern "C" fn __chidori_driver_cuCtxGetSharedMemConfig(
         ) as u32
     }
 }
-///`cuCtxGetStreamPriorityRange` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuCtxGetStreamPriorityRange` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuCtxGetStreamPriorityRange(
     leastPriority: *mut c_void,
@@ -466,7 +464,7 @@ pub unsafe extern "C" fn __chidori_driver_cuCtxGetStreamPriorityRange(
         ) as u32
     }
 }
-///`cuCtxPopCurrent` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuCtxPopCurrent` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuCtxPopCurrent(pctx: *mut c_void) -> u32 {
     unsafe {
@@ -476,14 +474,14 @@ pub unsafe extern "C" fn __chidori_driver_cuCtxPopCurrent(pctx: *mut c_void) -> 
         ) as u32
     }
 }
-///`cuCtxPopCurrent_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuCtxPopCurrent_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuCtxPopCurrent_v2(pctx: *mut c_void) -> u32 {
     unsafe {
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuCtxPopCurrent_v2",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[&chidori_cuda::calls::driver::cuCtxPopCurrent_v2__call],
                 codes: chidori_cuda::desc::Codes {
@@ -498,7 +496,7 @@ pub unsafe extern "C" fn __chidori_driver_cuCtxPopCurrent_v2(pctx: *mut c_void) 
         }) as u32
     }
 }
-///`cuCtxPushCurrent` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuCtxPushCurrent` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuCtxPushCurrent(ctx: *mut c_void) -> u32 {
     unsafe {
@@ -508,14 +506,14 @@ pub unsafe extern "C" fn __chidori_driver_cuCtxPushCurrent(ctx: *mut c_void) -> 
         ) as u32
     }
 }
-///`cuCtxPushCurrent_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuCtxPushCurrent_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuCtxPushCurrent_v2(ctx: *mut c_void) -> u32 {
     unsafe {
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuCtxPushCurrent_v2",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[&chidori_cuda::calls::driver::cuCtxPushCurrent_v2__call],
                 codes: chidori_cuda::desc::Codes {
@@ -530,7 +528,7 @@ pub unsafe extern "C" fn __chidori_driver_cuCtxPushCurrent_v2(ctx: *mut c_void) 
         }) as u32
     }
 }
-///`cuCtxRecordEvent` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuCtxRecordEvent` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuCtxRecordEvent(
     hCtx: *mut c_void,
@@ -543,7 +541,7 @@ pub unsafe extern "C" fn __chidori_driver_cuCtxRecordEvent(
         ) as u32
     }
 }
-///`cuCtxResetPersistingL2Cache` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuCtxResetPersistingL2Cache` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuCtxResetPersistingL2Cache() -> u32 {
     unsafe {
@@ -553,7 +551,7 @@ pub unsafe extern "C" fn __chidori_driver_cuCtxResetPersistingL2Cache() -> u32 {
         ) as u32
     }
 }
-///`cuCtxSetCacheConfig` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuCtxSetCacheConfig` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuCtxSetCacheConfig(config: u32) -> u32 {
     unsafe {
@@ -563,14 +561,14 @@ pub unsafe extern "C" fn __chidori_driver_cuCtxSetCacheConfig(config: u32) -> u3
         ) as u32
     }
 }
-///`cuCtxSetCurrent` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuCtxSetCurrent` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuCtxSetCurrent(ctx: *mut c_void) -> u32 {
     unsafe {
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuCtxSetCurrent",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[&chidori_cuda::calls::driver::cuCtxSetCurrent__call],
                 codes: chidori_cuda::desc::Codes {
@@ -585,7 +583,7 @@ pub unsafe extern "C" fn __chidori_driver_cuCtxSetCurrent(ctx: *mut c_void) -> u
         }) as u32
     }
 }
-///`cuCtxSetFlags` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuCtxSetFlags` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuCtxSetFlags(flags: u32) -> u32 {
     unsafe {
@@ -595,7 +593,7 @@ pub unsafe extern "C" fn __chidori_driver_cuCtxSetFlags(flags: u32) -> u32 {
         ) as u32
     }
 }
-///`cuCtxSetLimit` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuCtxSetLimit` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuCtxSetLimit(
     limit: u32,
@@ -608,7 +606,7 @@ pub unsafe extern "C" fn __chidori_driver_cuCtxSetLimit(
         ) as u32
     }
 }
-///`cuCtxSetSharedMemConfig` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuCtxSetSharedMemConfig` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuCtxSetSharedMemConfig(config: u32) -> u32 {
     unsafe {
@@ -618,13 +616,13 @@ pub unsafe extern "C" fn __chidori_driver_cuCtxSetSharedMemConfig(config: u32) -
         ) as u32
     }
 }
-///`cuCtxSynchronize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuCtxSynchronize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuCtxSynchronize() -> u32 {
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuCtxSynchronize",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[
                 &chidori_cuda::calls::driver::cuCtxSynchronize__async,
@@ -641,7 +639,7 @@ pub unsafe extern "C" fn __chidori_driver_cuCtxSynchronize() -> u32 {
         crate::custom::sync::context_synchronize(&CTX)
     }
 }
-///`cuCtxSynchronize_v2` for CUDA 13.0, 13.1 (sync).
+///`cuCtxSynchronize_v2` for CUDA 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuCtxSynchronize_v2(ctx: *mut c_void) -> u32 {
     unsafe {
@@ -651,7 +649,7 @@ pub unsafe extern "C" fn __chidori_driver_cuCtxSynchronize_v2(ctx: *mut c_void) 
         ) as u32
     }
 }
-///`cuCtxWaitEvent` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuCtxWaitEvent` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuCtxWaitEvent(
     hCtx: *mut c_void,
@@ -664,7 +662,7 @@ pub unsafe extern "C" fn __chidori_driver_cuCtxWaitEvent(
         ) as u32
     }
 }
-///`cuDestroyExternalMemory` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuDestroyExternalMemory` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDestroyExternalMemory(
     extMem: *mut c_void,
@@ -676,7 +674,7 @@ pub unsafe extern "C" fn __chidori_driver_cuDestroyExternalMemory(
         ) as u32
     }
 }
-///`cuDestroyExternalSemaphore` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuDestroyExternalSemaphore` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDestroyExternalSemaphore(
     extSem: *mut c_void,
@@ -706,7 +704,7 @@ pub unsafe extern "C" fn __chidori_driver_cuDevResourceGenerateDesc__cu126(
         ) as u32
     }
 }
-///`cuDevResourceGenerateDesc` for CUDA 13.1 (sync).
+///`cuDevResourceGenerateDesc` for CUDA 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDevResourceGenerateDesc__cu131(
     phDesc: *mut c_void,
@@ -726,7 +724,7 @@ pub unsafe extern "C" fn __chidori_driver_cuDevResourceGenerateDesc__cu131(
 }
 ///`cuDevSmResourceSplit` for CUDA 13.1 (sync).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_driver_cuDevSmResourceSplit(
+pub unsafe extern "C" fn __chidori_driver_cuDevSmResourceSplit__cu131(
     result: *mut c_void,
     nbGroups: u32,
     input: *mut c_void,
@@ -736,7 +734,31 @@ pub unsafe extern "C" fn __chidori_driver_cuDevSmResourceSplit(
 ) -> u32 {
     unsafe {
         crate::runtime::call(
-            &chidori_cuda::calls::driver::cuDevSmResourceSplit,
+            &chidori_cuda::calls::driver::cuDevSmResourceSplit__cu131,
+            &[
+                (result) as usize as u64,
+                (nbGroups) as u64,
+                (input) as usize as u64,
+                (remainder) as usize as u64,
+                (flags) as u64,
+                (groupParams) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuDevSmResourceSplit` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuDevSmResourceSplit__cu135(
+    result: *mut c_void,
+    nbGroups: u32,
+    input: *mut c_void,
+    remainder: *mut c_void,
+    flags: u32,
+    groupParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuDevSmResourceSplit__cu135,
             &[
                 (result) as usize as u64,
                 (nbGroups) as u64,
@@ -772,7 +794,7 @@ pub unsafe extern "C" fn __chidori_driver_cuDevSmResourceSplitByCount__cu126(
         ) as u32
     }
 }
-///`cuDevSmResourceSplitByCount` for CUDA 13.1 (sync).
+///`cuDevSmResourceSplitByCount` for CUDA 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDevSmResourceSplitByCount__cu131(
     result: *mut c_void,
@@ -796,7 +818,7 @@ pub unsafe extern "C" fn __chidori_driver_cuDevSmResourceSplitByCount__cu131(
         ) as u32
     }
 }
-///`cuDeviceCanAccessPeer` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuDeviceCanAccessPeer` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDeviceCanAccessPeer(
     canAccessPeer: *mut c_void,
@@ -814,7 +836,7 @@ pub unsafe extern "C" fn __chidori_driver_cuDeviceCanAccessPeer(
         ) as u32
     }
 }
-///`cuDeviceComputeCapability` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`cuDeviceComputeCapability` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDeviceComputeCapability(
     major: *mut c_void,
@@ -823,7 +845,7 @@ pub unsafe extern "C" fn __chidori_driver_cuDeviceComputeCapability(
 ) -> u32 {
     unsafe { crate::custom::driver::cuDeviceComputeCapability(major, minor, dev) }
 }
-///`cuDeviceGet` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`cuDeviceGet` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDeviceGet(
     device: *mut c_void,
@@ -831,7 +853,7 @@ pub unsafe extern "C" fn __chidori_driver_cuDeviceGet(
 ) -> u32 {
     unsafe { crate::custom::driver::cuDeviceGet(device, ordinal) }
 }
-///`cuDeviceGetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`cuDeviceGetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDeviceGetAttribute(
     pi: *mut c_void,
@@ -840,7 +862,7 @@ pub unsafe extern "C" fn __chidori_driver_cuDeviceGetAttribute(
 ) -> u32 {
     unsafe { crate::custom::driver::cuDeviceGetAttribute(pi, attrib, dev) }
 }
-///`cuDeviceGetByPCIBusId` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuDeviceGetByPCIBusId` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDeviceGetByPCIBusId(
     dev: *mut c_void,
@@ -853,12 +875,25 @@ pub unsafe extern "C" fn __chidori_driver_cuDeviceGetByPCIBusId(
         ) as u32
     }
 }
-///`cuDeviceGetCount` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`cuDeviceGetCliqueCount` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuDeviceGetCliqueCount(
+    count: *mut c_void,
+    dev: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuDeviceGetCliqueCount,
+            &[(count) as usize as u64, (dev) as i64 as u64],
+        ) as u32
+    }
+}
+///`cuDeviceGetCount` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDeviceGetCount(count: *mut c_void) -> u32 {
     unsafe { crate::custom::driver::cuDeviceGetCount(count) }
 }
-///`cuDeviceGetDefaultMemPool` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuDeviceGetDefaultMemPool` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDeviceGetDefaultMemPool(
     pool_out: *mut c_void,
@@ -885,7 +920,7 @@ pub unsafe extern "C" fn __chidori_driver_cuDeviceGetDevResource__cu126(
         ) as u32
     }
 }
-///`cuDeviceGetDevResource` for CUDA 13.1 (sync).
+///`cuDeviceGetDevResource` for CUDA 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDeviceGetDevResource__cu131(
     device: i32,
@@ -899,7 +934,7 @@ pub unsafe extern "C" fn __chidori_driver_cuDeviceGetDevResource__cu131(
         ) as u32
     }
 }
-///`cuDeviceGetExecAffinitySupport` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuDeviceGetExecAffinitySupport` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDeviceGetExecAffinitySupport(
     pi: *mut c_void,
@@ -913,7 +948,7 @@ pub unsafe extern "C" fn __chidori_driver_cuDeviceGetExecAffinitySupport(
         ) as u32
     }
 }
-///`cuDeviceGetGraphMemAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuDeviceGetGraphMemAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDeviceGetGraphMemAttribute(
     device: i32,
@@ -927,7 +962,7 @@ pub unsafe extern "C" fn __chidori_driver_cuDeviceGetGraphMemAttribute(
         ) as u32
     }
 }
-///`cuDeviceGetHostAtomicCapabilities` for CUDA 13.0, 13.1 (sync).
+///`cuDeviceGetHostAtomicCapabilities` for CUDA 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDeviceGetHostAtomicCapabilities(
     capabilities: *mut c_void,
@@ -947,7 +982,7 @@ pub unsafe extern "C" fn __chidori_driver_cuDeviceGetHostAtomicCapabilities(
         ) as u32
     }
 }
-///`cuDeviceGetLuid` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuDeviceGetLuid` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDeviceGetLuid(
     luid: *mut c_void,
@@ -965,7 +1000,7 @@ pub unsafe extern "C" fn __chidori_driver_cuDeviceGetLuid(
         ) as u32
     }
 }
-///`cuDeviceGetMemPool` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuDeviceGetMemPool` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDeviceGetMemPool(
     pool: *mut c_void,
@@ -978,7 +1013,7 @@ pub unsafe extern "C" fn __chidori_driver_cuDeviceGetMemPool(
         ) as u32
     }
 }
-///`cuDeviceGetName` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`cuDeviceGetName` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDeviceGetName(
     name: *mut c_void,
@@ -987,7 +1022,7 @@ pub unsafe extern "C" fn __chidori_driver_cuDeviceGetName(
 ) -> u32 {
     unsafe { crate::custom::driver::cuDeviceGetName(name, len, dev) }
 }
-///`cuDeviceGetP2PAtomicCapabilities` for CUDA 13.0, 13.1 (sync).
+///`cuDeviceGetP2PAtomicCapabilities` for CUDA 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDeviceGetP2PAtomicCapabilities(
     capabilities: *mut c_void,
@@ -1009,7 +1044,7 @@ pub unsafe extern "C" fn __chidori_driver_cuDeviceGetP2PAtomicCapabilities(
         ) as u32
     }
 }
-///`cuDeviceGetP2PAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuDeviceGetP2PAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDeviceGetP2PAttribute(
     value: *mut c_void,
@@ -1029,7 +1064,7 @@ pub unsafe extern "C" fn __chidori_driver_cuDeviceGetP2PAttribute(
         ) as u32
     }
 }
-///`cuDeviceGetPCIBusId` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuDeviceGetPCIBusId` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDeviceGetPCIBusId(
     pciBusId: *mut c_void,
@@ -1043,7 +1078,7 @@ pub unsafe extern "C" fn __chidori_driver_cuDeviceGetPCIBusId(
         ) as u32
     }
 }
-///`cuDeviceGetProperties` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuDeviceGetProperties` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDeviceGetProperties(
     prop: *mut c_void,
@@ -1056,7 +1091,7 @@ pub unsafe extern "C" fn __chidori_driver_cuDeviceGetProperties(
         ) as u32
     }
 }
-///`cuDeviceGetTexture1DLinearMaxWidth` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuDeviceGetTexture1DLinearMaxWidth` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDeviceGetTexture1DLinearMaxWidth(
     maxWidthInElements: *mut c_void,
@@ -1076,7 +1111,7 @@ pub unsafe extern "C" fn __chidori_driver_cuDeviceGetTexture1DLinearMaxWidth(
         ) as u32
     }
 }
-///`cuDeviceGetUuid` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`cuDeviceGetUuid` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDeviceGetUuid(
     uuid: *mut c_void,
@@ -1085,7 +1120,7 @@ pub unsafe extern "C" fn __chidori_driver_cuDeviceGetUuid(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuDeviceGetUuid",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -1099,7 +1134,7 @@ pub unsafe extern "C" fn __chidori_driver_cuDeviceGetUuid(
         crate::custom::driver::device_uuid(&CTX, uuid, dev)
     }
 }
-///`cuDeviceGetUuid_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`cuDeviceGetUuid_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDeviceGetUuid_v2(
     uuid: *mut c_void,
@@ -1108,7 +1143,7 @@ pub unsafe extern "C" fn __chidori_driver_cuDeviceGetUuid_v2(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuDeviceGetUuid_v2",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -1122,7 +1157,7 @@ pub unsafe extern "C" fn __chidori_driver_cuDeviceGetUuid_v2(
         crate::custom::driver::device_uuid(&CTX, uuid, dev)
     }
 }
-///`cuDeviceGraphMemTrim` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuDeviceGraphMemTrim` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDeviceGraphMemTrim(device: i32) -> u32 {
     unsafe {
@@ -1132,7 +1167,7 @@ pub unsafe extern "C" fn __chidori_driver_cuDeviceGraphMemTrim(device: i32) -> u
         ) as u32
     }
 }
-///`cuDevicePrimaryCtxGetState` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuDevicePrimaryCtxGetState` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDevicePrimaryCtxGetState(
     dev: i32,
@@ -1141,7 +1176,7 @@ pub unsafe extern "C" fn __chidori_driver_cuDevicePrimaryCtxGetState(
 ) -> u32 {
     unsafe { crate::custom::driver::cuDevicePrimaryCtxGetState(dev, flags, active) }
 }
-///`cuDevicePrimaryCtxRelease` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuDevicePrimaryCtxRelease` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDevicePrimaryCtxRelease(dev: i32) -> u32 {
     unsafe {
@@ -1151,7 +1186,7 @@ pub unsafe extern "C" fn __chidori_driver_cuDevicePrimaryCtxRelease(dev: i32) ->
         ) as u32
     }
 }
-///`cuDevicePrimaryCtxRelease_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuDevicePrimaryCtxRelease_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDevicePrimaryCtxRelease_v2(dev: i32) -> u32 {
     unsafe {
@@ -1161,13 +1196,13 @@ pub unsafe extern "C" fn __chidori_driver_cuDevicePrimaryCtxRelease_v2(dev: i32)
         ) as u32
     }
 }
-///`cuDevicePrimaryCtxReset` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuDevicePrimaryCtxReset` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDevicePrimaryCtxReset(dev: i32) -> u32 {
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuDevicePrimaryCtxReset",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[&chidori_cuda::calls::driver::cuDevicePrimaryCtxReset__call],
             codes: chidori_cuda::desc::Codes {
@@ -1181,13 +1216,13 @@ pub unsafe extern "C" fn __chidori_driver_cuDevicePrimaryCtxReset(dev: i32) -> u
         crate::custom::context::primary_reset(&CTX, dev)
     }
 }
-///`cuDevicePrimaryCtxReset_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuDevicePrimaryCtxReset_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDevicePrimaryCtxReset_v2(dev: i32) -> u32 {
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuDevicePrimaryCtxReset_v2",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[&chidori_cuda::calls::driver::cuDevicePrimaryCtxReset_v2__call],
             codes: chidori_cuda::desc::Codes {
@@ -1201,7 +1236,7 @@ pub unsafe extern "C" fn __chidori_driver_cuDevicePrimaryCtxReset_v2(dev: i32) -
         crate::custom::context::primary_reset(&CTX, dev)
     }
 }
-///`cuDevicePrimaryCtxRetain` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuDevicePrimaryCtxRetain` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDevicePrimaryCtxRetain(
     pctx: *mut c_void,
@@ -1214,7 +1249,7 @@ pub unsafe extern "C" fn __chidori_driver_cuDevicePrimaryCtxRetain(
         ) as u32
     }
 }
-///`cuDevicePrimaryCtxSetFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuDevicePrimaryCtxSetFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDevicePrimaryCtxSetFlags(
     dev: i32,
@@ -1224,7 +1259,7 @@ pub unsafe extern "C" fn __chidori_driver_cuDevicePrimaryCtxSetFlags(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuDevicePrimaryCtxSetFlags",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[&chidori_cuda::calls::driver::cuDevicePrimaryCtxSetFlags__call],
                 codes: chidori_cuda::desc::Codes {
@@ -1242,7 +1277,7 @@ pub unsafe extern "C" fn __chidori_driver_cuDevicePrimaryCtxSetFlags(
         }) as u32
     }
 }
-///`cuDevicePrimaryCtxSetFlags_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuDevicePrimaryCtxSetFlags_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDevicePrimaryCtxSetFlags_v2(
     dev: i32,
@@ -1252,7 +1287,7 @@ pub unsafe extern "C" fn __chidori_driver_cuDevicePrimaryCtxSetFlags_v2(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuDevicePrimaryCtxSetFlags_v2",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[
                     &chidori_cuda::calls::driver::cuDevicePrimaryCtxSetFlags_v2__call,
@@ -1272,7 +1307,7 @@ pub unsafe extern "C" fn __chidori_driver_cuDevicePrimaryCtxSetFlags_v2(
         }) as u32
     }
 }
-///`cuDeviceSetGraphMemAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuDeviceSetGraphMemAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDeviceSetGraphMemAttribute(
     device: i32,
@@ -1286,7 +1321,7 @@ pub unsafe extern "C" fn __chidori_driver_cuDeviceSetGraphMemAttribute(
         ) as u32
     }
 }
-///`cuDeviceSetMemPool` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuDeviceSetMemPool` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDeviceSetMemPool(
     dev: i32,
@@ -1299,7 +1334,7 @@ pub unsafe extern "C" fn __chidori_driver_cuDeviceSetMemPool(
         ) as u32
     }
 }
-///`cuDeviceTotalMem` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuDeviceTotalMem` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDeviceTotalMem(
     bytes: *mut c_void,
@@ -1312,7 +1347,7 @@ pub unsafe extern "C" fn __chidori_driver_cuDeviceTotalMem(
         ) as u32
     }
 }
-///`cuDeviceTotalMem_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`cuDeviceTotalMem_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDeviceTotalMem_v2(
     bytes: *mut c_void,
@@ -1320,7 +1355,7 @@ pub unsafe extern "C" fn __chidori_driver_cuDeviceTotalMem_v2(
 ) -> u32 {
     unsafe { crate::custom::driver::cuDeviceTotalMem_v2(bytes, dev) }
 }
-///`cuDeviceUnregisterAsyncNotification` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuDeviceUnregisterAsyncNotification` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDeviceUnregisterAsyncNotification(
     device: i32,
@@ -1333,14 +1368,14 @@ pub unsafe extern "C" fn __chidori_driver_cuDeviceUnregisterAsyncNotification(
         ) as u32
     }
 }
-///`cuDriverGetVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`cuDriverGetVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDriverGetVersion(
     driverVersion: *mut c_void,
 ) -> u32 {
     unsafe { crate::custom::driver::cuDriverGetVersion(driverVersion) }
 }
-///`cuEventCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuEventCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuEventCreate(
     phEvent: *mut c_void,
@@ -1350,7 +1385,7 @@ pub unsafe extern "C" fn __chidori_driver_cuEventCreate(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuEventCreate",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[
                     &chidori_cuda::calls::driver::cuEventCreate__async,
@@ -1371,14 +1406,14 @@ pub unsafe extern "C" fn __chidori_driver_cuEventCreate(
         }) as u32
     }
 }
-///`cuEventDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuEventDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuEventDestroy(hEvent: *mut c_void) -> u32 {
     unsafe {
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuEventDestroy",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[
                     &chidori_cuda::calls::driver::cuEventDestroy__async,
@@ -1396,14 +1431,14 @@ pub unsafe extern "C" fn __chidori_driver_cuEventDestroy(hEvent: *mut c_void) ->
         }) as u32
     }
 }
-///`cuEventDestroy_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuEventDestroy_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuEventDestroy_v2(hEvent: *mut c_void) -> u32 {
     unsafe {
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuEventDestroy_v2",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[
                     &chidori_cuda::calls::driver::cuEventDestroy_v2__async,
@@ -1421,7 +1456,7 @@ pub unsafe extern "C" fn __chidori_driver_cuEventDestroy_v2(hEvent: *mut c_void)
         }) as u32
     }
 }
-///`cuEventElapsedTime` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuEventElapsedTime` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuEventElapsedTime(
     pMilliseconds: *mut c_void,
@@ -1439,7 +1474,7 @@ pub unsafe extern "C" fn __chidori_driver_cuEventElapsedTime(
         ) as u32
     }
 }
-///`cuEventElapsedTime_v2` for CUDA 12.8, 13.0, 13.1 (sync).
+///`cuEventElapsedTime_v2` for CUDA 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuEventElapsedTime_v2(
     pMilliseconds: *mut c_void,
@@ -1457,14 +1492,14 @@ pub unsafe extern "C" fn __chidori_driver_cuEventElapsedTime_v2(
         ) as u32
     }
 }
-///`cuEventQuery` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuEventQuery` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuEventQuery(hEvent: *mut c_void) -> u32 {
     unsafe {
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuEventQuery",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[&chidori_cuda::calls::driver::cuEventQuery__call],
                 codes: chidori_cuda::desc::Codes {
@@ -1479,7 +1514,7 @@ pub unsafe extern "C" fn __chidori_driver_cuEventQuery(hEvent: *mut c_void) -> u
         }) as u32
     }
 }
-///`cuEventRecord` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuEventRecord` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuEventRecord(
     hEvent: *mut c_void,
@@ -1489,7 +1524,7 @@ pub unsafe extern "C" fn __chidori_driver_cuEventRecord(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuEventRecord",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[&chidori_cuda::calls::driver::cuEventRecord__call],
                 codes: chidori_cuda::desc::Codes {
@@ -1507,7 +1542,7 @@ pub unsafe extern "C" fn __chidori_driver_cuEventRecord(
         }) as u32
     }
 }
-///`cuEventRecordWithFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuEventRecordWithFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuEventRecordWithFlags(
     hEvent: *mut c_void,
@@ -1518,7 +1553,7 @@ pub unsafe extern "C" fn __chidori_driver_cuEventRecordWithFlags(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuEventRecordWithFlags",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[&chidori_cuda::calls::driver::cuEventRecordWithFlags__call],
                 codes: chidori_cuda::desc::Codes {
@@ -1536,7 +1571,7 @@ pub unsafe extern "C" fn __chidori_driver_cuEventRecordWithFlags(
         }) as u32
     }
 }
-///`cuEventRecordWithFlags_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuEventRecordWithFlags_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuEventRecordWithFlags_ptsz(
     hEvent: *mut c_void,
@@ -1547,7 +1582,7 @@ pub unsafe extern "C" fn __chidori_driver_cuEventRecordWithFlags_ptsz(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuEventRecordWithFlags_ptsz",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[
                     &chidori_cuda::calls::driver::cuEventRecordWithFlags_ptsz__call,
@@ -1567,7 +1602,7 @@ pub unsafe extern "C" fn __chidori_driver_cuEventRecordWithFlags_ptsz(
         }) as u32
     }
 }
-///`cuEventRecord_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuEventRecord_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuEventRecord_ptsz(
     hEvent: *mut c_void,
@@ -1577,7 +1612,7 @@ pub unsafe extern "C" fn __chidori_driver_cuEventRecord_ptsz(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuEventRecord_ptsz",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[&chidori_cuda::calls::driver::cuEventRecord_ptsz__call],
                 codes: chidori_cuda::desc::Codes {
@@ -1595,7 +1630,7 @@ pub unsafe extern "C" fn __chidori_driver_cuEventRecord_ptsz(
         }) as u32
     }
 }
-///`cuEventSynchronize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuEventSynchronize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuEventSynchronize(
     hEvent: *mut c_void,
@@ -1604,7 +1639,7 @@ pub unsafe extern "C" fn __chidori_driver_cuEventSynchronize(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuEventSynchronize",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[&chidori_cuda::calls::driver::cuEventSynchronize__call],
                 codes: chidori_cuda::desc::Codes {
@@ -1619,7 +1654,7 @@ pub unsafe extern "C" fn __chidori_driver_cuEventSynchronize(
         }) as u32
     }
 }
-///`cuExternalMemoryGetMappedBuffer` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuExternalMemoryGetMappedBuffer` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuExternalMemoryGetMappedBuffer(
     devPtr: *mut c_void,
@@ -1637,7 +1672,7 @@ pub unsafe extern "C" fn __chidori_driver_cuExternalMemoryGetMappedBuffer(
         ) as u32
     }
 }
-///`cuExternalMemoryGetMappedMipmappedArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuExternalMemoryGetMappedMipmappedArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuExternalMemoryGetMappedMipmappedArray(
     mipmap: *mut c_void,
@@ -1655,7 +1690,7 @@ pub unsafe extern "C" fn __chidori_driver_cuExternalMemoryGetMappedMipmappedArra
         ) as u32
     }
 }
-///`cuFlushGPUDirectRDMAWrites` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuFlushGPUDirectRDMAWrites` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuFlushGPUDirectRDMAWrites(
     target: u32,
@@ -1668,7 +1703,7 @@ pub unsafe extern "C" fn __chidori_driver_cuFlushGPUDirectRDMAWrites(
         ) as u32
     }
 }
-///`cuFuncGetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuFuncGetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuFuncGetAttribute(
     pi: *mut c_void,
@@ -1678,7 +1713,7 @@ pub unsafe extern "C" fn __chidori_driver_cuFuncGetAttribute(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuFuncGetAttribute",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[&chidori_cuda::calls::driver::cuFuncGetAttribute__call],
             codes: chidori_cuda::desc::Codes {
@@ -1692,7 +1727,7 @@ pub unsafe extern "C" fn __chidori_driver_cuFuncGetAttribute(
         crate::custom::kernels::func_get_attribute(&CTX, pi, attrib, hfunc)
     }
 }
-///`cuFuncGetModule` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuFuncGetModule` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuFuncGetModule(
     hmod: *mut c_void,
@@ -1705,7 +1740,7 @@ pub unsafe extern "C" fn __chidori_driver_cuFuncGetModule(
         ) as u32
     }
 }
-///`cuFuncGetName` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuFuncGetName` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuFuncGetName(
     name: *mut c_void,
@@ -1714,7 +1749,7 @@ pub unsafe extern "C" fn __chidori_driver_cuFuncGetName(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuFuncGetName",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -1728,7 +1763,30 @@ pub unsafe extern "C" fn __chidori_driver_cuFuncGetName(
         crate::custom::driver::func_get_name(&CTX, name, hfunc)
     }
 }
-///`cuFuncGetParamInfo` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuFuncGetParamCount` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuFuncGetParamCount(
+    func: *mut c_void,
+    paramCount: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuFuncGetParamCount",
+            version: "13.5",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::get_param_count(&CTX, func, paramCount)
+    }
+}
+///`cuFuncGetParamInfo` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuFuncGetParamInfo(
     func: *mut c_void,
@@ -1748,7 +1806,7 @@ pub unsafe extern "C" fn __chidori_driver_cuFuncGetParamInfo(
         ) as u32
     }
 }
-///`cuFuncIsLoaded` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuFuncIsLoaded` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuFuncIsLoaded(
     state: *mut c_void,
@@ -1761,7 +1819,7 @@ pub unsafe extern "C" fn __chidori_driver_cuFuncIsLoaded(
         ) as u32
     }
 }
-///`cuFuncLoad` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuFuncLoad` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuFuncLoad(function: *mut c_void) -> u32 {
     unsafe {
@@ -1771,7 +1829,7 @@ pub unsafe extern "C" fn __chidori_driver_cuFuncLoad(function: *mut c_void) -> u
         ) as u32
     }
 }
-///`cuFuncSetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuFuncSetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuFuncSetAttribute(
     hfunc: *mut c_void,
@@ -1780,7 +1838,7 @@ pub unsafe extern "C" fn __chidori_driver_cuFuncSetAttribute(
 ) -> u32 {
     unsafe { crate::custom::driver::cuFuncSetAttribute(hfunc, attrib, value) }
 }
-///`cuFuncSetBlockShape` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuFuncSetBlockShape` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuFuncSetBlockShape(
     hfunc: *mut c_void,
@@ -1800,7 +1858,7 @@ pub unsafe extern "C" fn __chidori_driver_cuFuncSetBlockShape(
         ) as u32
     }
 }
-///`cuFuncSetCacheConfig` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuFuncSetCacheConfig` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuFuncSetCacheConfig(
     hfunc: *mut c_void,
@@ -1813,7 +1871,7 @@ pub unsafe extern "C" fn __chidori_driver_cuFuncSetCacheConfig(
         ) as u32
     }
 }
-///`cuFuncSetSharedMemConfig` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuFuncSetSharedMemConfig` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuFuncSetSharedMemConfig(
     hfunc: *mut c_void,
@@ -1826,7 +1884,7 @@ pub unsafe extern "C" fn __chidori_driver_cuFuncSetSharedMemConfig(
         ) as u32
     }
 }
-///`cuFuncSetSharedSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuFuncSetSharedSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuFuncSetSharedSize(
     hfunc: *mut c_void,
@@ -1839,7 +1897,7 @@ pub unsafe extern "C" fn __chidori_driver_cuFuncSetSharedSize(
         ) as u32
     }
 }
-///`cuGetErrorName` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`cuGetErrorName` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGetErrorName(
     error: u32,
@@ -1847,7 +1905,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGetErrorName(
 ) -> u32 {
     unsafe { crate::custom::driver::cuGetErrorName(error, pStr) }
 }
-///`cuGetErrorString` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`cuGetErrorString` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGetErrorString(
     error: u32,
@@ -1855,7 +1913,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGetErrorString(
 ) -> u32 {
     unsafe { crate::custom::driver::cuGetErrorString(error, pStr) }
 }
-///`cuGetExportTable` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`cuGetExportTable` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGetExportTable(
     ppExportTable: *mut c_void,
@@ -1864,7 +1922,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGetExportTable(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuGetExportTable",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -1878,7 +1936,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGetExportTable(
         crate::custom::export::get_export_table(&CTX, ppExportTable, pExportTableId)
     }
 }
-///`cuGetProcAddress` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`cuGetProcAddress` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGetProcAddress(
     symbol: *mut c_void,
@@ -1888,7 +1946,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGetProcAddress(
 ) -> u32 {
     unsafe { crate::custom::driver::cuGetProcAddress(symbol, pfn, cudaVersion, flags) }
 }
-///`cuGetProcAddress_v2` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`cuGetProcAddress_v2` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGetProcAddress_v2(
     symbol: *mut c_void,
@@ -1981,7 +2039,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphAddBatchMemOpNode__cu126(
         }) as u32
     }
 }
-///`cuGraphAddBatchMemOpNode` for CUDA 13.1 (custom).
+///`cuGraphAddBatchMemOpNode` for CUDA 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphAddBatchMemOpNode__cu131(
     phGraphNode: *mut c_void,
@@ -1994,7 +2052,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphAddBatchMemOpNode__cu131(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuGraphAddBatchMemOpNode",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -2018,7 +2076,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphAddBatchMemOpNode__cu131(
         }) as u32
     }
 }
-///`cuGraphAddChildGraphNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphAddChildGraphNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphAddChildGraphNode(
     phGraphNode: *mut c_void,
@@ -2040,7 +2098,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphAddChildGraphNode(
         ) as u32
     }
 }
-///`cuGraphAddDependencies` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphAddDependencies` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphAddDependencies(
     hGraph: *mut c_void,
@@ -2060,7 +2118,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphAddDependencies(
         ) as u32
     }
 }
-///`cuGraphAddDependencies_v2` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphAddDependencies_v2` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphAddDependencies_v2(
     hGraph: *mut c_void,
@@ -2082,7 +2140,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphAddDependencies_v2(
         ) as u32
     }
 }
-///`cuGraphAddEmptyNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphAddEmptyNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphAddEmptyNode(
     phGraphNode: *mut c_void,
@@ -2102,7 +2160,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphAddEmptyNode(
         ) as u32
     }
 }
-///`cuGraphAddEventRecordNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphAddEventRecordNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphAddEventRecordNode(
     phGraphNode: *mut c_void,
@@ -2124,7 +2182,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphAddEventRecordNode(
         ) as u32
     }
 }
-///`cuGraphAddEventWaitNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphAddEventWaitNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphAddEventWaitNode(
     phGraphNode: *mut c_void,
@@ -2146,7 +2204,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphAddEventWaitNode(
         ) as u32
     }
 }
-///`cuGraphAddHostNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuGraphAddHostNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphAddHostNode(
     phGraphNode: *mut c_void,
@@ -2159,7 +2217,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphAddHostNode(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuGraphAddHostNode",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -2183,7 +2241,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphAddHostNode(
         }) as u32
     }
 }
-///`cuGraphAddKernelNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuGraphAddKernelNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphAddKernelNode(
     phGraphNode: *mut c_void,
@@ -2196,7 +2254,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphAddKernelNode(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuGraphAddKernelNode",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -2220,7 +2278,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphAddKernelNode(
         }) as u32
     }
 }
-///`cuGraphAddKernelNode_v2` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuGraphAddKernelNode_v2` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphAddKernelNode_v2(
     phGraphNode: *mut c_void,
@@ -2233,7 +2291,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphAddKernelNode_v2(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuGraphAddKernelNode_v2",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -2323,7 +2381,40 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphAddMemAllocNode__cu126(
         )
     }
 }
-///`cuGraphAddMemFreeNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphAddMemAllocNode` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphAddMemAllocNode__cu135(
+    phGraphNode: *mut c_void,
+    hGraph: *mut c_void,
+    dependencies: *mut c_void,
+    numDependencies: usize,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGraphAddMemAllocNode",
+            version: "13.5",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::add_mem_alloc_node(
+            &CTX,
+            phGraphNode,
+            hGraph,
+            dependencies,
+            numDependencies,
+            nodeParams,
+        )
+    }
+}
+///`cuGraphAddMemFreeNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphAddMemFreeNode(
     phGraphNode: *mut c_void,
@@ -2345,7 +2436,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphAddMemFreeNode(
         ) as u32
     }
 }
-///`cuGraphAddMemcpyNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuGraphAddMemcpyNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphAddMemcpyNode(
     phGraphNode: *mut c_void,
@@ -2359,7 +2450,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphAddMemcpyNode(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuGraphAddMemcpyNode",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[&chidori_cuda::calls::driver::cuGraphAddMemcpyNode__call],
                 codes: chidori_cuda::desc::Codes {
@@ -2384,7 +2475,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphAddMemcpyNode(
         }) as u32
     }
 }
-///`cuGraphAddMemsetNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphAddMemsetNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphAddMemsetNode(
     phGraphNode: *mut c_void,
@@ -2408,7 +2499,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphAddMemsetNode(
         ) as u32
     }
 }
-///`cuGraphAddNode` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuGraphAddNode` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphAddNode(
     phGraphNode: *mut c_void,
@@ -2421,7 +2512,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphAddNode(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuGraphAddNode",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -2445,7 +2536,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphAddNode(
         }) as u32
     }
 }
-///`cuGraphAddNode_v2` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuGraphAddNode_v2` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphAddNode_v2(
     phGraphNode: *mut c_void,
@@ -2459,7 +2550,46 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphAddNode_v2(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuGraphAddNode_v2",
-                version: "13.1",
+                version: "13.5",
+                library: "driver",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::node_raw(
+                &CTX,
+                &[
+                    (phGraphNode) as usize as u64,
+                    (hGraph) as usize as u64,
+                    (dependencies) as usize as u64,
+                    (dependencyData) as usize as u64,
+                    (numDependencies) as u64,
+                    (nodeParams) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cuGraphAddNode_v3` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphAddNode_v3(
+    phGraphNode: *mut c_void,
+    hGraph: *mut c_void,
+    dependencies: *mut c_void,
+    dependencyData: *mut c_void,
+    numDependencies: usize,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuGraphAddNode_v3",
+                version: "13.5",
                 library: "driver",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -2530,7 +2660,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphBatchMemOpNodeGetParams__cu126(
         crate::custom::graphs::batch_mem_op_node_get_params(&CTX, hNode, nodeParams_out)
     }
 }
-///`cuGraphBatchMemOpNodeGetParams` for CUDA 13.1 (custom).
+///`cuGraphBatchMemOpNodeGetParams` for CUDA 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphBatchMemOpNodeGetParams__cu131(
     hNode: *mut c_void,
@@ -2539,7 +2669,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphBatchMemOpNodeGetParams__cu131(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuGraphBatchMemOpNodeGetParams",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -2609,7 +2739,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphBatchMemOpNodeSetParams__cu126(
         }) as u32
     }
 }
-///`cuGraphBatchMemOpNodeSetParams` for CUDA 13.1 (custom).
+///`cuGraphBatchMemOpNodeSetParams` for CUDA 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphBatchMemOpNodeSetParams__cu131(
     hNode: *mut c_void,
@@ -2619,7 +2749,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphBatchMemOpNodeSetParams__cu131(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuGraphBatchMemOpNodeSetParams",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -2637,7 +2767,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphBatchMemOpNodeSetParams__cu131(
         }) as u32
     }
 }
-///`cuGraphChildGraphNodeGetGraph` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphChildGraphNodeGetGraph` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphChildGraphNodeGetGraph(
     hNode: *mut c_void,
@@ -2650,7 +2780,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphChildGraphNodeGetGraph(
         ) as u32
     }
 }
-///`cuGraphClone` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphClone` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphClone(
     phGraphClone: *mut c_void,
@@ -2663,7 +2793,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphClone(
         ) as u32
     }
 }
-///`cuGraphConditionalHandleCreate` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphConditionalHandleCreate` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphConditionalHandleCreate(
     pHandle_out: *mut c_void,
@@ -2685,7 +2815,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphConditionalHandleCreate(
         ) as u32
     }
 }
-///`cuGraphCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphCreate(
     phGraph: *mut c_void,
@@ -2698,7 +2828,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphCreate(
         ) as u32
     }
 }
-///`cuGraphDebugDotPrint` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuGraphDebugDotPrint` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphDebugDotPrint(
     hGraph: *mut c_void,
@@ -2708,7 +2838,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphDebugDotPrint(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuGraphDebugDotPrint",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -2722,14 +2852,14 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphDebugDotPrint(
         crate::custom::link::graph_dot_print(&CTX, hGraph, path, flags)
     }
 }
-///`cuGraphDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuGraphDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphDestroy(hGraph: *mut c_void) -> u32 {
     unsafe {
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuGraphDestroy",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[
                     &chidori_cuda::calls::driver::cuGraphDestroy__async,
@@ -2747,7 +2877,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphDestroy(hGraph: *mut c_void) ->
         }) as u32
     }
 }
-///`cuGraphDestroyNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphDestroyNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphDestroyNode(hNode: *mut c_void) -> u32 {
     unsafe {
@@ -2757,7 +2887,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphDestroyNode(hNode: *mut c_void)
         ) as u32
     }
 }
-///`cuGraphEventRecordNodeGetEvent` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphEventRecordNodeGetEvent` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphEventRecordNodeGetEvent(
     hNode: *mut c_void,
@@ -2770,7 +2900,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphEventRecordNodeGetEvent(
         ) as u32
     }
 }
-///`cuGraphEventRecordNodeSetEvent` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphEventRecordNodeSetEvent` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphEventRecordNodeSetEvent(
     hNode: *mut c_void,
@@ -2783,7 +2913,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphEventRecordNodeSetEvent(
         ) as u32
     }
 }
-///`cuGraphEventWaitNodeGetEvent` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphEventWaitNodeGetEvent` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphEventWaitNodeGetEvent(
     hNode: *mut c_void,
@@ -2796,7 +2926,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphEventWaitNodeGetEvent(
         ) as u32
     }
 }
-///`cuGraphEventWaitNodeSetEvent` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphEventWaitNodeSetEvent` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphEventWaitNodeSetEvent(
     hNode: *mut c_void,
@@ -2875,7 +3005,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphExecBatchMemOpNodeSetParams__cu
         }) as u32
     }
 }
-///`cuGraphExecBatchMemOpNodeSetParams` for CUDA 13.1 (custom).
+///`cuGraphExecBatchMemOpNodeSetParams` for CUDA 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphExecBatchMemOpNodeSetParams__cu131(
     hGraphExec: *mut c_void,
@@ -2886,7 +3016,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphExecBatchMemOpNodeSetParams__cu
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuGraphExecBatchMemOpNodeSetParams",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -2908,7 +3038,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphExecBatchMemOpNodeSetParams__cu
         }) as u32
     }
 }
-///`cuGraphExecChildGraphNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphExecChildGraphNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphExecChildGraphNodeSetParams(
     hGraphExec: *mut c_void,
@@ -2926,7 +3056,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphExecChildGraphNodeSetParams(
         ) as u32
     }
 }
-///`cuGraphExecDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuGraphExecDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphExecDestroy(
     hGraphExec: *mut c_void,
@@ -2935,7 +3065,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphExecDestroy(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuGraphExecDestroy",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[
                     &chidori_cuda::calls::driver::cuGraphExecDestroy__async,
@@ -2953,7 +3083,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphExecDestroy(
         }) as u32
     }
 }
-///`cuGraphExecEventRecordNodeSetEvent` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphExecEventRecordNodeSetEvent` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphExecEventRecordNodeSetEvent(
     hGraphExec: *mut c_void,
@@ -2971,7 +3101,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphExecEventRecordNodeSetEvent(
         ) as u32
     }
 }
-///`cuGraphExecEventWaitNodeSetEvent` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphExecEventWaitNodeSetEvent` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphExecEventWaitNodeSetEvent(
     hGraphExec: *mut c_void,
@@ -2989,7 +3119,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphExecEventWaitNodeSetEvent(
         ) as u32
     }
 }
-///`cuGraphExecGetFlags` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphExecGetFlags` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphExecGetFlags(
     hGraphExec: *mut c_void,
@@ -3002,7 +3132,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphExecGetFlags(
         ) as u32
     }
 }
-///`cuGraphExecGetId` for CUDA 13.1 (sync).
+///`cuGraphExecGetId` for CUDA 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphExecGetId(
     hGraphExec: *mut c_void,
@@ -3015,7 +3145,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphExecGetId(
         ) as u32
     }
 }
-///`cuGraphExecHostNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuGraphExecHostNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphExecHostNodeSetParams(
     hGraphExec: *mut c_void,
@@ -3026,7 +3156,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphExecHostNodeSetParams(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuGraphExecHostNodeSetParams",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -3048,7 +3178,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphExecHostNodeSetParams(
         }) as u32
     }
 }
-///`cuGraphExecKernelNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuGraphExecKernelNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphExecKernelNodeSetParams(
     hGraphExec: *mut c_void,
@@ -3059,7 +3189,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphExecKernelNodeSetParams(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuGraphExecKernelNodeSetParams",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -3081,7 +3211,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphExecKernelNodeSetParams(
         }) as u32
     }
 }
-///`cuGraphExecKernelNodeSetParams_v2` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuGraphExecKernelNodeSetParams_v2` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphExecKernelNodeSetParams_v2(
     hGraphExec: *mut c_void,
@@ -3092,7 +3222,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphExecKernelNodeSetParams_v2(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuGraphExecKernelNodeSetParams_v2",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -3114,7 +3244,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphExecKernelNodeSetParams_v2(
         }) as u32
     }
 }
-///`cuGraphExecMemcpyNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuGraphExecMemcpyNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphExecMemcpyNodeSetParams(
     hGraphExec: *mut c_void,
@@ -3126,7 +3256,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphExecMemcpyNodeSetParams(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuGraphExecMemcpyNodeSetParams",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[
                     &chidori_cuda::calls::driver::cuGraphExecMemcpyNodeSetParams__call,
@@ -3151,7 +3281,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphExecMemcpyNodeSetParams(
         }) as u32
     }
 }
-///`cuGraphExecMemsetNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphExecMemsetNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphExecMemsetNodeSetParams(
     hGraphExec: *mut c_void,
@@ -3171,7 +3301,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphExecMemsetNodeSetParams(
         ) as u32
     }
 }
-///`cuGraphExecNodeSetParams` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuGraphExecNodeSetParams` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphExecNodeSetParams(
     hGraphExec: *mut c_void,
@@ -3182,7 +3312,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphExecNodeSetParams(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuGraphExecNodeSetParams",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -3204,7 +3334,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphExecNodeSetParams(
         }) as u32
     }
 }
-///`cuGraphExecUpdate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphExecUpdate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphExecUpdate(
     hGraphExec: *mut c_void,
@@ -3224,7 +3354,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphExecUpdate(
         ) as u32
     }
 }
-///`cuGraphExecUpdate_v2` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphExecUpdate_v2` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphExecUpdate_v2(
     hGraphExec: *mut c_void,
@@ -3242,7 +3372,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphExecUpdate_v2(
         ) as u32
     }
 }
-///`cuGraphGetEdges` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuGraphGetEdges` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphGetEdges(
     hGraph: *mut c_void,
@@ -3254,7 +3384,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphGetEdges(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuGraphGetEdges",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -3277,7 +3407,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphGetEdges(
         }) as u32
     }
 }
-///`cuGraphGetEdges_v2` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuGraphGetEdges_v2` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphGetEdges_v2(
     hGraph: *mut c_void,
@@ -3290,7 +3420,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphGetEdges_v2(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuGraphGetEdges_v2",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -3314,7 +3444,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphGetEdges_v2(
         }) as u32
     }
 }
-///`cuGraphGetId` for CUDA 13.1 (sync).
+///`cuGraphGetId` for CUDA 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphGetId(
     hGraph: *mut c_void,
@@ -3327,7 +3457,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphGetId(
         ) as u32
     }
 }
-///`cuGraphGetNodes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuGraphGetNodes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphGetNodes(
     hGraph: *mut c_void,
@@ -3338,7 +3468,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphGetNodes(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuGraphGetNodes",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -3360,7 +3490,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphGetNodes(
         }) as u32
     }
 }
-///`cuGraphGetRootNodes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuGraphGetRootNodes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphGetRootNodes(
     hGraph: *mut c_void,
@@ -3371,7 +3501,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphGetRootNodes(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuGraphGetRootNodes",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -3393,7 +3523,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphGetRootNodes(
         }) as u32
     }
 }
-///`cuGraphHostNodeGetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuGraphHostNodeGetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphHostNodeGetParams(
     hNode: *mut c_void,
@@ -3402,7 +3532,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphHostNodeGetParams(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuGraphHostNodeGetParams",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -3416,7 +3546,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphHostNodeGetParams(
         crate::custom::graphs::host_node_get_params(&CTX, hNode, nodeParams)
     }
 }
-///`cuGraphHostNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuGraphHostNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphHostNodeSetParams(
     hNode: *mut c_void,
@@ -3426,7 +3556,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphHostNodeSetParams(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuGraphHostNodeSetParams",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -3444,7 +3574,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphHostNodeSetParams(
         }) as u32
     }
 }
-///`cuGraphInstantiate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphInstantiate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphInstantiate(
     phGraphExec: *mut c_void,
@@ -3466,7 +3596,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphInstantiate(
         ) as u32
     }
 }
-///`cuGraphInstantiateWithFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuGraphInstantiateWithFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphInstantiateWithFlags(
     phGraphExec: *mut c_void,
@@ -3477,7 +3607,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphInstantiateWithFlags(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuGraphInstantiateWithFlags",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[
                     &chidori_cuda::calls::driver::cuGraphInstantiateWithFlags__async,
@@ -3502,7 +3632,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphInstantiateWithFlags(
         }) as u32
     }
 }
-///`cuGraphInstantiateWithParams` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphInstantiateWithParams` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphInstantiateWithParams(
     phGraphExec: *mut c_void,
@@ -3520,7 +3650,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphInstantiateWithParams(
         ) as u32
     }
 }
-///`cuGraphInstantiateWithParams_ptsz` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphInstantiateWithParams_ptsz` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphInstantiateWithParams_ptsz(
     phGraphExec: *mut c_void,
@@ -3538,7 +3668,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphInstantiateWithParams_ptsz(
         ) as u32
     }
 }
-///`cuGraphInstantiate_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphInstantiate_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphInstantiate_v2(
     phGraphExec: *mut c_void,
@@ -3560,7 +3690,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphInstantiate_v2(
         ) as u32
     }
 }
-///`cuGraphKernelNodeCopyAttributes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphKernelNodeCopyAttributes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphKernelNodeCopyAttributes(
     dst: *mut c_void,
@@ -3643,7 +3773,21 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphKernelNodeGetAttribute__cu130(
         ) as u32
     }
 }
-///`cuGraphKernelNodeGetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuGraphKernelNodeGetAttribute` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphKernelNodeGetAttribute__cu135(
+    hNode: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGraphKernelNodeGetAttribute__cu135,
+            &[(hNode) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
+    }
+}
+///`cuGraphKernelNodeGetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphKernelNodeGetParams(
     hNode: *mut c_void,
@@ -3652,7 +3796,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphKernelNodeGetParams(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuGraphKernelNodeGetParams",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -3666,7 +3810,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphKernelNodeGetParams(
         crate::custom::graphs::cu_kernel_node_get_params_v1(&CTX, hNode, nodeParams)
     }
 }
-///`cuGraphKernelNodeGetParams_v2` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuGraphKernelNodeGetParams_v2` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphKernelNodeGetParams_v2(
     hNode: *mut c_void,
@@ -3675,7 +3819,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphKernelNodeGetParams_v2(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuGraphKernelNodeGetParams_v2",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -3759,7 +3903,21 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphKernelNodeSetAttribute__cu130(
         ) as u32
     }
 }
-///`cuGraphKernelNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuGraphKernelNodeSetAttribute` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphKernelNodeSetAttribute__cu135(
+    hNode: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGraphKernelNodeSetAttribute__cu135,
+            &[(hNode) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cuGraphKernelNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphKernelNodeSetParams(
     hNode: *mut c_void,
@@ -3769,7 +3927,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphKernelNodeSetParams(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuGraphKernelNodeSetParams",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -3787,7 +3945,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphKernelNodeSetParams(
         }) as u32
     }
 }
-///`cuGraphKernelNodeSetParams_v2` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuGraphKernelNodeSetParams_v2` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphKernelNodeSetParams_v2(
     hNode: *mut c_void,
@@ -3797,7 +3955,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphKernelNodeSetParams_v2(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuGraphKernelNodeSetParams_v2",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -3815,7 +3973,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphKernelNodeSetParams_v2(
         }) as u32
     }
 }
-///`cuGraphLaunch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cuGraphLaunch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphLaunch(
     hGraphExec: *mut c_void,
@@ -3828,7 +3986,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphLaunch(
         ) as u32
     }
 }
-///`cuGraphLaunch_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cuGraphLaunch_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphLaunch_ptsz(
     hGraphExec: *mut c_void,
@@ -3887,7 +4045,30 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphMemAllocNodeGetParams__cu126(
         crate::custom::graphs::mem_alloc_node_get_params(&CTX, hNode, params_out)
     }
 }
-///`cuGraphMemFreeNodeGetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphMemAllocNodeGetParams` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphMemAllocNodeGetParams__cu135(
+    hNode: *mut c_void,
+    params_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGraphMemAllocNodeGetParams",
+            version: "13.5",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::mem_alloc_node_get_params(&CTX, hNode, params_out)
+    }
+}
+///`cuGraphMemFreeNodeGetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphMemFreeNodeGetParams(
     hNode: *mut c_void,
@@ -3900,7 +4081,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphMemFreeNodeGetParams(
         ) as u32
     }
 }
-///`cuGraphMemcpyNodeGetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphMemcpyNodeGetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphMemcpyNodeGetParams(
     hNode: *mut c_void,
@@ -3913,7 +4094,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphMemcpyNodeGetParams(
         ) as u32
     }
 }
-///`cuGraphMemcpyNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuGraphMemcpyNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphMemcpyNodeSetParams(
     hNode: *mut c_void,
@@ -3923,7 +4104,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphMemcpyNodeSetParams(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuGraphMemcpyNodeSetParams",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[&chidori_cuda::calls::driver::cuGraphMemcpyNodeSetParams__call],
                 codes: chidori_cuda::desc::Codes {
@@ -3941,7 +4122,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphMemcpyNodeSetParams(
         }) as u32
     }
 }
-///`cuGraphMemsetNodeGetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphMemsetNodeGetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphMemsetNodeGetParams(
     hNode: *mut c_void,
@@ -3954,7 +4135,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphMemsetNodeGetParams(
         ) as u32
     }
 }
-///`cuGraphMemsetNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphMemsetNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphMemsetNodeSetParams(
     hNode: *mut c_void,
@@ -3967,7 +4148,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphMemsetNodeSetParams(
         ) as u32
     }
 }
-///`cuGraphNodeFindInClone` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphNodeFindInClone` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphNodeFindInClone(
     phNode: *mut c_void,
@@ -3985,7 +4166,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphNodeFindInClone(
         ) as u32
     }
 }
-///`cuGraphNodeGetContainingGraph` for CUDA 13.1 (sync).
+///`cuGraphNodeGetContainingGraph` for CUDA 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphNodeGetContainingGraph(
     hNode: *mut c_void,
@@ -3998,7 +4179,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphNodeGetContainingGraph(
         ) as u32
     }
 }
-///`cuGraphNodeGetDependencies` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuGraphNodeGetDependencies` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphNodeGetDependencies(
     hNode: *mut c_void,
@@ -4009,7 +4190,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphNodeGetDependencies(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuGraphNodeGetDependencies",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -4031,7 +4212,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphNodeGetDependencies(
         }) as u32
     }
 }
-///`cuGraphNodeGetDependencies_v2` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuGraphNodeGetDependencies_v2` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphNodeGetDependencies_v2(
     hNode: *mut c_void,
@@ -4043,7 +4224,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphNodeGetDependencies_v2(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuGraphNodeGetDependencies_v2",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -4066,7 +4247,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphNodeGetDependencies_v2(
         }) as u32
     }
 }
-///`cuGraphNodeGetDependentNodes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuGraphNodeGetDependentNodes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphNodeGetDependentNodes(
     hNode: *mut c_void,
@@ -4077,7 +4258,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphNodeGetDependentNodes(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuGraphNodeGetDependentNodes",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -4099,7 +4280,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphNodeGetDependentNodes(
         }) as u32
     }
 }
-///`cuGraphNodeGetDependentNodes_v2` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuGraphNodeGetDependentNodes_v2` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphNodeGetDependentNodes_v2(
     hNode: *mut c_void,
@@ -4111,7 +4292,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphNodeGetDependentNodes_v2(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuGraphNodeGetDependentNodes_v2",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -4134,7 +4315,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphNodeGetDependentNodes_v2(
         }) as u32
     }
 }
-///`cuGraphNodeGetEnabled` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphNodeGetEnabled` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphNodeGetEnabled(
     hGraphExec: *mut c_void,
@@ -4152,7 +4333,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphNodeGetEnabled(
         ) as u32
     }
 }
-///`cuGraphNodeGetLocalId` for CUDA 13.1 (sync).
+///`cuGraphNodeGetLocalId` for CUDA 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphNodeGetLocalId(
     hNode: *mut c_void,
@@ -4165,7 +4346,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphNodeGetLocalId(
         ) as u32
     }
 }
-///`cuGraphNodeGetToolsId` for CUDA 13.1 (sync).
+///`cuGraphNodeGetToolsId` for CUDA 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphNodeGetToolsId(
     hNode: *mut c_void,
@@ -4178,7 +4359,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphNodeGetToolsId(
         ) as u32
     }
 }
-///`cuGraphNodeGetType` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphNodeGetType` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphNodeGetType(
     hNode: *mut c_void,
@@ -4191,7 +4372,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphNodeGetType(
         ) as u32
     }
 }
-///`cuGraphNodeSetEnabled` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphNodeSetEnabled` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphNodeSetEnabled(
     hGraphExec: *mut c_void,
@@ -4205,7 +4386,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphNodeSetEnabled(
         ) as u32
     }
 }
-///`cuGraphNodeSetParams` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuGraphNodeSetParams` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphNodeSetParams(
     hNode: *mut c_void,
@@ -4215,7 +4396,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphNodeSetParams(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuGraphNodeSetParams",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -4233,7 +4414,35 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphNodeSetParams(
         }) as u32
     }
 }
-///`cuGraphReleaseUserObject` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphNodeSetParams_v2` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphNodeSetParams_v2(
+    hNode: *mut c_void,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuGraphNodeSetParams_v2",
+                version: "13.5",
+                library: "driver",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::graphs::node_raw(
+                &CTX,
+                &[(hNode) as usize as u64, (nodeParams) as usize as u64],
+            )
+        }) as u32
+    }
+}
+///`cuGraphReleaseUserObject` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphReleaseUserObject(
     graph: *mut c_void,
@@ -4247,7 +4456,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphReleaseUserObject(
         ) as u32
     }
 }
-///`cuGraphRemoveDependencies` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphRemoveDependencies` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphRemoveDependencies(
     hGraph: *mut c_void,
@@ -4267,7 +4476,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphRemoveDependencies(
         ) as u32
     }
 }
-///`cuGraphRemoveDependencies_v2` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphRemoveDependencies_v2` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphRemoveDependencies_v2(
     hGraph: *mut c_void,
@@ -4289,7 +4498,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphRemoveDependencies_v2(
         ) as u32
     }
 }
-///`cuGraphRetainUserObject` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphRetainUserObject` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphRetainUserObject(
     graph: *mut c_void,
@@ -4309,7 +4518,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphRetainUserObject(
         ) as u32
     }
 }
-///`cuGraphUpload` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphUpload` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphUpload(
     hGraphExec: *mut c_void,
@@ -4322,7 +4531,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphUpload(
         ) as u32
     }
 }
-///`cuGraphUpload_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphUpload_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphUpload_ptsz(
     hGraphExec: *mut c_void,
@@ -4335,7 +4544,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphUpload_ptsz(
         ) as u32
     }
 }
-///`cuGraphicsMapResources` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphicsMapResources` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphicsMapResources(
     count: u32,
@@ -4349,7 +4558,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphicsMapResources(
         ) as u32
     }
 }
-///`cuGraphicsMapResources_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphicsMapResources_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphicsMapResources_ptsz(
     count: u32,
@@ -4363,7 +4572,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphicsMapResources_ptsz(
         ) as u32
     }
 }
-///`cuGraphicsResourceGetMappedMipmappedArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphicsResourceGetMappedMipmappedArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphicsResourceGetMappedMipmappedArray(
     pMipmappedArray: *mut c_void,
@@ -4376,7 +4585,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphicsResourceGetMappedMipmappedAr
         ) as u32
     }
 }
-///`cuGraphicsResourceSetMapFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphicsResourceSetMapFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphicsResourceSetMapFlags(
     resource: *mut c_void,
@@ -4389,7 +4598,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphicsResourceSetMapFlags(
         ) as u32
     }
 }
-///`cuGraphicsResourceSetMapFlags_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphicsResourceSetMapFlags_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphicsResourceSetMapFlags_v2(
     resource: *mut c_void,
@@ -4402,7 +4611,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphicsResourceSetMapFlags_v2(
         ) as u32
     }
 }
-///`cuGraphicsSubResourceGetMappedArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphicsSubResourceGetMappedArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphicsSubResourceGetMappedArray(
     pArray: *mut c_void,
@@ -4422,7 +4631,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphicsSubResourceGetMappedArray(
         ) as u32
     }
 }
-///`cuGraphicsUnmapResources` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphicsUnmapResources` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphicsUnmapResources(
     count: u32,
@@ -4436,7 +4645,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphicsUnmapResources(
         ) as u32
     }
 }
-///`cuGraphicsUnmapResources_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphicsUnmapResources_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphicsUnmapResources_ptsz(
     count: u32,
@@ -4450,7 +4659,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphicsUnmapResources_ptsz(
         ) as u32
     }
 }
-///`cuGraphicsUnregisterResource` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphicsUnregisterResource` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphicsUnregisterResource(
     resource: *mut c_void,
@@ -4462,7 +4671,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphicsUnregisterResource(
         ) as u32
     }
 }
-///`cuGreenCtxCreate` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGreenCtxCreate` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGreenCtxCreate(
     phCtx: *mut c_void,
@@ -4482,7 +4691,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGreenCtxCreate(
         ) as u32
     }
 }
-///`cuGreenCtxDestroy` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGreenCtxDestroy` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGreenCtxDestroy(hCtx: *mut c_void) -> u32 {
     unsafe {
@@ -4506,7 +4715,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGreenCtxGetDevResource__cu126(
         ) as u32
     }
 }
-///`cuGreenCtxGetDevResource` for CUDA 13.1 (sync).
+///`cuGreenCtxGetDevResource` for CUDA 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGreenCtxGetDevResource__cu131(
     hCtx: *mut c_void,
@@ -4520,7 +4729,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGreenCtxGetDevResource__cu131(
         ) as u32
     }
 }
-///`cuGreenCtxGetId` for CUDA 13.0, 13.1 (sync).
+///`cuGreenCtxGetId` for CUDA 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGreenCtxGetId(
     greenCtx: *mut c_void,
@@ -4533,7 +4742,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGreenCtxGetId(
         ) as u32
     }
 }
-///`cuGreenCtxRecordEvent` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGreenCtxRecordEvent` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGreenCtxRecordEvent(
     hCtx: *mut c_void,
@@ -4546,7 +4755,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGreenCtxRecordEvent(
         ) as u32
     }
 }
-///`cuGreenCtxStreamCreate` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGreenCtxStreamCreate` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGreenCtxStreamCreate(
     phStream: *mut c_void,
@@ -4566,7 +4775,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGreenCtxStreamCreate(
         ) as u32
     }
 }
-///`cuGreenCtxWaitEvent` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGreenCtxWaitEvent` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGreenCtxWaitEvent(
     hCtx: *mut c_void,
@@ -4579,7 +4788,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGreenCtxWaitEvent(
         ) as u32
     }
 }
-///`cuInit` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuInit` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuInit(Flags: u32) -> u32 {
     unsafe {
@@ -4587,7 +4796,7 @@ pub unsafe extern "C" fn __chidori_driver_cuInit(Flags: u32) -> u32 {
             as u32
     }
 }
-///`cuIpcCloseMemHandle` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuIpcCloseMemHandle` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuIpcCloseMemHandle(dptr: u64) -> u32 {
     unsafe {
@@ -4597,7 +4806,7 @@ pub unsafe extern "C" fn __chidori_driver_cuIpcCloseMemHandle(dptr: u64) -> u32 
         ) as u32
     }
 }
-///`cuIpcOpenEventHandle` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuIpcOpenEventHandle` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuIpcOpenEventHandle(
     phEvent: *mut c_void,
@@ -4610,7 +4819,7 @@ pub unsafe extern "C" fn __chidori_driver_cuIpcOpenEventHandle(
         ) as u32
     }
 }
-///`cuIpcOpenMemHandle` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuIpcOpenMemHandle` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuIpcOpenMemHandle(
     pdptr: *mut c_void,
@@ -4628,7 +4837,7 @@ pub unsafe extern "C" fn __chidori_driver_cuIpcOpenMemHandle(
         ) as u32
     }
 }
-///`cuIpcOpenMemHandle_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuIpcOpenMemHandle_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuIpcOpenMemHandle_v2(
     pdptr: *mut c_void,
@@ -4646,7 +4855,7 @@ pub unsafe extern "C" fn __chidori_driver_cuIpcOpenMemHandle_v2(
         ) as u32
     }
 }
-///`cuKernelGetAttribute` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuKernelGetAttribute` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuKernelGetAttribute(
     pi: *mut c_void,
@@ -4666,7 +4875,7 @@ pub unsafe extern "C" fn __chidori_driver_cuKernelGetAttribute(
         ) as u32
     }
 }
-///`cuKernelGetFunction` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuKernelGetFunction` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuKernelGetFunction(
     pFunc: *mut c_void,
@@ -4679,7 +4888,7 @@ pub unsafe extern "C" fn __chidori_driver_cuKernelGetFunction(
         ) as u32
     }
 }
-///`cuKernelGetLibrary` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuKernelGetLibrary` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuKernelGetLibrary(
     pLib: *mut c_void,
@@ -4692,7 +4901,7 @@ pub unsafe extern "C" fn __chidori_driver_cuKernelGetLibrary(
         ) as u32
     }
 }
-///`cuKernelGetName` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuKernelGetName` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuKernelGetName(
     name: *mut c_void,
@@ -4701,7 +4910,7 @@ pub unsafe extern "C" fn __chidori_driver_cuKernelGetName(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuKernelGetName",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -4715,7 +4924,30 @@ pub unsafe extern "C" fn __chidori_driver_cuKernelGetName(
         crate::custom::driver::kernel_get_name(&CTX, name, hfunc)
     }
 }
-///`cuKernelGetParamInfo` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuKernelGetParamCount` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuKernelGetParamCount(
+    kernel: *mut c_void,
+    paramCount: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuKernelGetParamCount",
+            version: "13.5",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::get_param_count(&CTX, kernel, paramCount)
+    }
+}
+///`cuKernelGetParamInfo` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuKernelGetParamInfo(
     kernel: *mut c_void,
@@ -4735,7 +4967,7 @@ pub unsafe extern "C" fn __chidori_driver_cuKernelGetParamInfo(
         ) as u32
     }
 }
-///`cuKernelSetAttribute` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuKernelSetAttribute` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuKernelSetAttribute(
     attrib: u32,
@@ -4746,7 +4978,7 @@ pub unsafe extern "C" fn __chidori_driver_cuKernelSetAttribute(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuKernelSetAttribute",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[&chidori_cuda::calls::driver::cuKernelSetAttribute__call],
             codes: chidori_cuda::desc::Codes {
@@ -4760,7 +4992,7 @@ pub unsafe extern "C" fn __chidori_driver_cuKernelSetAttribute(
         crate::custom::kernels::kernel_set_attribute(&CTX, attrib, val, kernel, dev)
     }
 }
-///`cuKernelSetCacheConfig` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuKernelSetCacheConfig` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuKernelSetCacheConfig(
     kernel: *mut c_void,
@@ -4774,7 +5006,7 @@ pub unsafe extern "C" fn __chidori_driver_cuKernelSetCacheConfig(
         ) as u32
     }
 }
-///`cuLaunch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuLaunch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuLaunch(f: *mut c_void) -> u32 {
     unsafe {
@@ -4784,7 +5016,7 @@ pub unsafe extern "C" fn __chidori_driver_cuLaunch(f: *mut c_void) -> u32 {
         ) as u32
     }
 }
-///`cuLaunchCooperativeKernel` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuLaunchCooperativeKernel` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuLaunchCooperativeKernel(
     f: *mut c_void,
@@ -4801,7 +5033,7 @@ pub unsafe extern "C" fn __chidori_driver_cuLaunchCooperativeKernel(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuLaunchCooperativeKernel",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -4827,7 +5059,7 @@ pub unsafe extern "C" fn __chidori_driver_cuLaunchCooperativeKernel(
         )
     }
 }
-///`cuLaunchCooperativeKernel_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuLaunchCooperativeKernel_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuLaunchCooperativeKernel_ptsz(
     f: *mut c_void,
@@ -4844,7 +5076,7 @@ pub unsafe extern "C" fn __chidori_driver_cuLaunchCooperativeKernel_ptsz(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuLaunchCooperativeKernel_ptsz",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -4870,7 +5102,7 @@ pub unsafe extern "C" fn __chidori_driver_cuLaunchCooperativeKernel_ptsz(
         )
     }
 }
-///`cuLaunchGrid` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuLaunchGrid` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuLaunchGrid(
     f: *mut c_void,
@@ -4888,7 +5120,7 @@ pub unsafe extern "C" fn __chidori_driver_cuLaunchGrid(
         ) as u32
     }
 }
-///`cuLaunchGridAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuLaunchGridAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuLaunchGridAsync(
     f: *mut c_void,
@@ -4908,7 +5140,7 @@ pub unsafe extern "C" fn __chidori_driver_cuLaunchGridAsync(
         ) as u32
     }
 }
-///`cuLaunchHostFunc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuLaunchHostFunc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuLaunchHostFunc(
     hStream: *mut c_void,
@@ -4918,7 +5150,7 @@ pub unsafe extern "C" fn __chidori_driver_cuLaunchHostFunc(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuLaunchHostFunc",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[&chidori_cuda::calls::driver::cuLaunchHostFunc__host],
             codes: chidori_cuda::desc::Codes {
@@ -4932,7 +5164,7 @@ pub unsafe extern "C" fn __chidori_driver_cuLaunchHostFunc(
         crate::custom::driver::launch_host_function(&CTX, hStream, r#fn, userData)
     }
 }
-///`cuLaunchHostFunc_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuLaunchHostFunc_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuLaunchHostFunc_ptsz(
     hStream: *mut c_void,
@@ -4942,7 +5174,7 @@ pub unsafe extern "C" fn __chidori_driver_cuLaunchHostFunc_ptsz(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuLaunchHostFunc_ptsz",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[&chidori_cuda::calls::driver::cuLaunchHostFunc_ptsz__host],
             codes: chidori_cuda::desc::Codes {
@@ -4956,7 +5188,69 @@ pub unsafe extern "C" fn __chidori_driver_cuLaunchHostFunc_ptsz(
         crate::custom::driver::launch_host_function(&CTX, hStream, r#fn, userData)
     }
 }
-///`cuLaunchKernel` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuLaunchHostFunc_v2` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuLaunchHostFunc_v2(
+    hStream: *mut c_void,
+    r#fn: *mut c_void,
+    userData: *mut c_void,
+    syncMode: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuLaunchHostFunc_v2",
+            version: "13.5",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuLaunchHostFunc_v2__host],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::launch_host_function_v2(
+            &CTX,
+            hStream,
+            r#fn,
+            userData,
+            syncMode,
+        )
+    }
+}
+///`cuLaunchHostFunc_v2_ptsz` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuLaunchHostFunc_v2_ptsz(
+    hStream: *mut c_void,
+    r#fn: *mut c_void,
+    userData: *mut c_void,
+    syncMode: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuLaunchHostFunc_v2_ptsz",
+            version: "13.5",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuLaunchHostFunc_v2_ptsz__host],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::launch_host_function_v2(
+            &CTX,
+            hStream,
+            r#fn,
+            userData,
+            syncMode,
+        )
+    }
+}
+///`cuLaunchKernel` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuLaunchKernel(
     f: *mut c_void,
@@ -4974,7 +5268,7 @@ pub unsafe extern "C" fn __chidori_driver_cuLaunchKernel(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuLaunchKernel",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -5126,6 +5420,31 @@ pub unsafe extern "C" fn __chidori_driver_cuLaunchKernelEx__cu130(
         crate::custom::driver::launch_kernel_ex(&CTX, config, f, kernelParams, extra)
     }
 }
+///`cuLaunchKernelEx` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuLaunchKernelEx__cu135(
+    config: *mut c_void,
+    f: *mut c_void,
+    kernelParams: *mut c_void,
+    extra: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuLaunchKernelEx",
+            version: "13.5",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::launch_kernel_ex(&CTX, config, f, kernelParams, extra)
+    }
+}
 ///`cuLaunchKernelEx_ptsz` for CUDA 11.8 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuLaunchKernelEx_ptsz__cu118(
@@ -5251,7 +5570,32 @@ pub unsafe extern "C" fn __chidori_driver_cuLaunchKernelEx_ptsz__cu130(
         crate::custom::driver::launch_kernel_ex(&CTX, config, f, kernelParams, extra)
     }
 }
-///`cuLaunchKernel_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuLaunchKernelEx_ptsz` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuLaunchKernelEx_ptsz__cu135(
+    config: *mut c_void,
+    f: *mut c_void,
+    kernelParams: *mut c_void,
+    extra: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuLaunchKernelEx_ptsz",
+            version: "13.5",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::launch_kernel_ex(&CTX, config, f, kernelParams, extra)
+    }
+}
+///`cuLaunchKernel_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuLaunchKernel_ptsz(
     f: *mut c_void,
@@ -5269,7 +5613,7 @@ pub unsafe extern "C" fn __chidori_driver_cuLaunchKernel_ptsz(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuLaunchKernel_ptsz",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -5296,7 +5640,7 @@ pub unsafe extern "C" fn __chidori_driver_cuLaunchKernel_ptsz(
         )
     }
 }
-///`cuLibraryEnumerateKernels` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuLibraryEnumerateKernels` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuLibraryEnumerateKernels(
     kernels: *mut c_void,
@@ -5310,7 +5654,7 @@ pub unsafe extern "C" fn __chidori_driver_cuLibraryEnumerateKernels(
         ) as u32
     }
 }
-///`cuLibraryGetGlobal` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuLibraryGetGlobal` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuLibraryGetGlobal(
     dptr: *mut c_void,
@@ -5330,7 +5674,7 @@ pub unsafe extern "C" fn __chidori_driver_cuLibraryGetGlobal(
         ) as u32
     }
 }
-///`cuLibraryGetKernel` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuLibraryGetKernel` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuLibraryGetKernel(
     pKernel: *mut c_void,
@@ -5348,7 +5692,7 @@ pub unsafe extern "C" fn __chidori_driver_cuLibraryGetKernel(
         ) as u32
     }
 }
-///`cuLibraryGetKernelCount` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuLibraryGetKernelCount` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuLibraryGetKernelCount(
     count: *mut c_void,
@@ -5361,7 +5705,7 @@ pub unsafe extern "C" fn __chidori_driver_cuLibraryGetKernelCount(
         ) as u32
     }
 }
-///`cuLibraryGetManaged` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuLibraryGetManaged` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuLibraryGetManaged(
     dptr: *mut c_void,
@@ -5372,7 +5716,7 @@ pub unsafe extern "C" fn __chidori_driver_cuLibraryGetManaged(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuLibraryGetManaged",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[&chidori_cuda::calls::driver::cuLibraryGetManaged__call],
             codes: chidori_cuda::desc::Codes {
@@ -5386,7 +5730,7 @@ pub unsafe extern "C" fn __chidori_driver_cuLibraryGetManaged(
         crate::custom::driver::library_get_managed(&CTX, dptr, bytes, library, name)
     }
 }
-///`cuLibraryGetModule` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuLibraryGetModule` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuLibraryGetModule(
     pMod: *mut c_void,
@@ -5399,7 +5743,7 @@ pub unsafe extern "C" fn __chidori_driver_cuLibraryGetModule(
         ) as u32
     }
 }
-///`cuLibraryLoadData` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuLibraryLoadData` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuLibraryLoadData(
     library: *mut c_void,
@@ -5414,7 +5758,7 @@ pub unsafe extern "C" fn __chidori_driver_cuLibraryLoadData(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuLibraryLoadData",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -5438,7 +5782,7 @@ pub unsafe extern "C" fn __chidori_driver_cuLibraryLoadData(
         )
     }
 }
-///`cuLibraryLoadFromFile` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuLibraryLoadFromFile` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuLibraryLoadFromFile(
     library: *mut c_void,
@@ -5453,7 +5797,7 @@ pub unsafe extern "C" fn __chidori_driver_cuLibraryLoadFromFile(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuLibraryLoadFromFile",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -5477,13 +5821,13 @@ pub unsafe extern "C" fn __chidori_driver_cuLibraryLoadFromFile(
         )
     }
 }
-///`cuLibraryUnload` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`cuLibraryUnload` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuLibraryUnload(library: *mut c_void) -> u32 {
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuLibraryUnload",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -5497,7 +5841,7 @@ pub unsafe extern "C" fn __chidori_driver_cuLibraryUnload(library: *mut c_void) 
         crate::custom::libraries::unload(&CTX, library)
     }
 }
-///`cuLinkAddData` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuLinkAddData` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuLinkAddData(
     state: *mut c_void,
@@ -5512,7 +5856,7 @@ pub unsafe extern "C" fn __chidori_driver_cuLinkAddData(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuLinkAddData",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -5536,7 +5880,7 @@ pub unsafe extern "C" fn __chidori_driver_cuLinkAddData(
         )
     }
 }
-///`cuLinkAddData_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuLinkAddData_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuLinkAddData_v2(
     state: *mut c_void,
@@ -5551,7 +5895,7 @@ pub unsafe extern "C" fn __chidori_driver_cuLinkAddData_v2(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuLinkAddData_v2",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -5575,7 +5919,7 @@ pub unsafe extern "C" fn __chidori_driver_cuLinkAddData_v2(
         )
     }
 }
-///`cuLinkAddFile` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuLinkAddFile` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuLinkAddFile(
     state: *mut c_void,
@@ -5588,7 +5932,7 @@ pub unsafe extern "C" fn __chidori_driver_cuLinkAddFile(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuLinkAddFile",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -5610,7 +5954,7 @@ pub unsafe extern "C" fn __chidori_driver_cuLinkAddFile(
         )
     }
 }
-///`cuLinkAddFile_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuLinkAddFile_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuLinkAddFile_v2(
     state: *mut c_void,
@@ -5623,7 +5967,7 @@ pub unsafe extern "C" fn __chidori_driver_cuLinkAddFile_v2(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuLinkAddFile_v2",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -5645,7 +5989,7 @@ pub unsafe extern "C" fn __chidori_driver_cuLinkAddFile_v2(
         )
     }
 }
-///`cuLinkComplete` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuLinkComplete` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuLinkComplete(
     state: *mut c_void,
@@ -5655,7 +5999,7 @@ pub unsafe extern "C" fn __chidori_driver_cuLinkComplete(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuLinkComplete",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -5669,7 +6013,7 @@ pub unsafe extern "C" fn __chidori_driver_cuLinkComplete(
         crate::custom::link::complete(&CTX, state, cubinOut, sizeOut)
     }
 }
-///`cuLinkCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuLinkCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuLinkCreate(
     numOptions: u32,
@@ -5680,7 +6024,7 @@ pub unsafe extern "C" fn __chidori_driver_cuLinkCreate(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuLinkCreate",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -5694,7 +6038,7 @@ pub unsafe extern "C" fn __chidori_driver_cuLinkCreate(
         crate::custom::link::create(&CTX, numOptions, options, optionValues, stateOut)
     }
 }
-///`cuLinkCreate_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuLinkCreate_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuLinkCreate_v2(
     numOptions: u32,
@@ -5705,7 +6049,7 @@ pub unsafe extern "C" fn __chidori_driver_cuLinkCreate_v2(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuLinkCreate_v2",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -5719,13 +6063,13 @@ pub unsafe extern "C" fn __chidori_driver_cuLinkCreate_v2(
         crate::custom::link::create(&CTX, numOptions, options, optionValues, stateOut)
     }
 }
-///`cuLinkDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuLinkDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuLinkDestroy(state: *mut c_void) -> u32 {
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuLinkDestroy",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -5739,7 +6083,97 @@ pub unsafe extern "C" fn __chidori_driver_cuLinkDestroy(state: *mut c_void) -> u
         crate::custom::link::destroy(&CTX, state)
     }
 }
-///`cuLogsCurrent` for CUDA 13.0, 13.1 (sync).
+///`cuLogicalEndpointAddDevice` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuLogicalEndpointAddDevice(
+    leId: u32,
+    dev: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuLogicalEndpointAddDevice,
+            &[(leId) as u64, (dev) as i64 as u64],
+        ) as u32
+    }
+}
+///`cuLogicalEndpointBindMem` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuLogicalEndpointBindMem(
+    leId: u32,
+    dev: i32,
+    offset: u64,
+    memHandle: u64,
+    memOffset: u64,
+    size: u64,
+    flags: u64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuLogicalEndpointBindMem,
+            &[
+                (leId) as u64,
+                (dev) as i64 as u64,
+                (offset) as u64,
+                (memHandle) as u64,
+                (memOffset) as u64,
+                (size) as u64,
+                (flags) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuLogicalEndpointCreate` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuLogicalEndpointCreate(
+    leId: u32,
+    prop: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuLogicalEndpointCreate,
+            &[(leId) as u64, (prop) as usize as u64],
+        ) as u32
+    }
+}
+///`cuLogicalEndpointDestroy` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuLogicalEndpointDestroy(leId: u32) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuLogicalEndpointDestroy,
+            &[(leId) as u64],
+        ) as u32
+    }
+}
+///`cuLogicalEndpointIdRelease` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuLogicalEndpointIdRelease(
+    baseLeId: u32,
+    count: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuLogicalEndpointIdRelease,
+            &[(baseLeId) as u64, (count) as u64],
+        ) as u32
+    }
+}
+///`cuLogicalEndpointUnbind` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuLogicalEndpointUnbind(
+    leId: u32,
+    dev: i32,
+    offset: u64,
+    size: u64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuLogicalEndpointUnbind,
+            &[(leId) as u64, (dev) as i64 as u64, (offset) as u64, (size) as u64],
+        ) as u32
+    }
+}
+///`cuLogsCurrent` for CUDA 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuLogsCurrent(
     iterator_out: *mut c_void,
@@ -5752,7 +6186,7 @@ pub unsafe extern "C" fn __chidori_driver_cuLogsCurrent(
         ) as u32
     }
 }
-///`cuLogsDumpToMemory` for CUDA 13.0, 13.1 (sync).
+///`cuLogsDumpToMemory` for CUDA 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuLogsDumpToMemory(
     iterator: *mut c_void,
@@ -5772,7 +6206,7 @@ pub unsafe extern "C" fn __chidori_driver_cuLogsDumpToMemory(
         ) as u32
     }
 }
-///`cuLogsUnregisterCallback` for CUDA 13.0, 13.1 (sync).
+///`cuLogsUnregisterCallback` for CUDA 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuLogsUnregisterCallback(
     callback: *mut c_void,
@@ -5784,7 +6218,7 @@ pub unsafe extern "C" fn __chidori_driver_cuLogsUnregisterCallback(
         ) as u32
     }
 }
-///`cuMemAddressFree` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemAddressFree` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemAddressFree(
     ptr: u64,
@@ -5797,7 +6231,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemAddressFree(
         ) as u32
     }
 }
-///`cuMemAddressReserve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemAddressReserve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemAddressReserve(
     ptr: *mut c_void,
@@ -5819,7 +6253,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemAddressReserve(
         ) as u32
     }
 }
-///`cuMemAdvise` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemAdvise` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemAdvise(
     devPtr: u64,
@@ -5836,7 +6270,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemAdvise(
 }
 ///`cuMemAdvise_v2` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_driver_cuMemAdvise_v2(
+pub unsafe extern "C" fn __chidori_driver_cuMemAdvise_v2__cu126(
     devPtr: u64,
     count: usize,
     advice: u32,
@@ -5844,7 +6278,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemAdvise_v2(
 ) -> u32 {
     unsafe {
         crate::runtime::call(
-            &chidori_cuda::calls::driver::cuMemAdvise_v2,
+            &chidori_cuda::calls::driver::cuMemAdvise_v2__cu126,
             &[
                 (devPtr) as u64,
                 (count) as u64,
@@ -5854,7 +6288,27 @@ pub unsafe extern "C" fn __chidori_driver_cuMemAdvise_v2(
         ) as u32
     }
 }
-///`cuMemAllocAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuMemAdvise_v2` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemAdvise_v2__cu135(
+    devPtr: u64,
+    count: usize,
+    advice: u32,
+    location: chidori_cuda::types::CUmemLocation_st,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemAdvise_v2__cu135,
+            &[
+                (devPtr) as u64,
+                (count) as u64,
+                (advice) as u64,
+                &(location) as *const _ as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuMemAllocAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemAllocAsync(
     dptr: *mut c_void,
@@ -5864,7 +6318,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemAllocAsync(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuMemAllocAsync",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[&chidori_cuda::calls::driver::cuMemAllocAsync__call],
             codes: chidori_cuda::desc::Codes {
@@ -5878,7 +6332,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemAllocAsync(
         crate::custom::driver::mem_alloc_async(&CTX, dptr, bytesize, hStream)
     }
 }
-///`cuMemAllocAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuMemAllocAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemAllocAsync_ptsz(
     dptr: *mut c_void,
@@ -5888,7 +6342,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemAllocAsync_ptsz(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuMemAllocAsync_ptsz",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[&chidori_cuda::calls::driver::cuMemAllocAsync_ptsz__call],
             codes: chidori_cuda::desc::Codes {
@@ -5902,7 +6356,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemAllocAsync_ptsz(
         crate::custom::driver::mem_alloc_async(&CTX, dptr, bytesize, hStream)
     }
 }
-///`cuMemAllocFromPoolAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuMemAllocFromPoolAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemAllocFromPoolAsync(
     dptr: *mut c_void,
@@ -5913,7 +6367,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemAllocFromPoolAsync(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuMemAllocFromPoolAsync",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[&chidori_cuda::calls::driver::cuMemAllocFromPoolAsync__call],
             codes: chidori_cuda::desc::Codes {
@@ -5933,7 +6387,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemAllocFromPoolAsync(
         )
     }
 }
-///`cuMemAllocFromPoolAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuMemAllocFromPoolAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemAllocFromPoolAsync_ptsz(
     dptr: *mut c_void,
@@ -5944,7 +6398,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemAllocFromPoolAsync_ptsz(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuMemAllocFromPoolAsync_ptsz",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[&chidori_cuda::calls::driver::cuMemAllocFromPoolAsync_ptsz__call],
             codes: chidori_cuda::desc::Codes {
@@ -5964,7 +6418,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemAllocFromPoolAsync_ptsz(
         )
     }
 }
-///`cuMemAllocHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`cuMemAllocHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemAllocHost(
     pp: *mut c_void,
@@ -5973,7 +6427,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemAllocHost(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuMemAllocHost",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -5987,7 +6441,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemAllocHost(
         crate::custom::driver::mem_alloc_host_v1(&CTX, pp, bytesize)
     }
 }
-///`cuMemAllocHost_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`cuMemAllocHost_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemAllocHost_v2(
     pp: *mut c_void,
@@ -5995,7 +6449,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemAllocHost_v2(
 ) -> u32 {
     unsafe { crate::custom::driver::cuMemAllocHost_v2(pp, bytesize) }
 }
-///`cuMemAllocManaged` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`cuMemAllocManaged` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemAllocManaged(
     dptr: *mut c_void,
@@ -6004,7 +6458,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemAllocManaged(
 ) -> u32 {
     unsafe { crate::custom::driver::cuMemAllocManaged(dptr, bytesize, flags) }
 }
-///`cuMemAllocPitch_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuMemAllocPitch_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemAllocPitch_v2(
     dptr: *mut c_void,
@@ -6016,7 +6470,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemAllocPitch_v2(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuMemAllocPitch_v2",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[&chidori_cuda::calls::driver::cuMemAllocPitch_v2__call],
             codes: chidori_cuda::desc::Codes {
@@ -6037,7 +6491,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemAllocPitch_v2(
         )
     }
 }
-///`cuMemAlloc_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuMemAlloc_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemAlloc_v2(
     dptr: *mut c_void,
@@ -6045,7 +6499,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemAlloc_v2(
 ) -> u32 {
     unsafe { crate::custom::driver::cuMemAlloc_v2(dptr, bytesize) }
 }
-///`cuMemBatchDecompressAsync` for CUDA 12.8, 13.0, 13.1 (sync).
+///`cuMemBatchDecompressAsync` for CUDA 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemBatchDecompressAsync(
     paramsArray: *mut c_void,
@@ -6067,7 +6521,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemBatchDecompressAsync(
         ) as u32
     }
 }
-///`cuMemBatchDecompressAsync_ptsz` for CUDA 12.8, 13.0, 13.1 (sync).
+///`cuMemBatchDecompressAsync_ptsz` for CUDA 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemBatchDecompressAsync_ptsz(
     paramsArray: *mut c_void,
@@ -6091,7 +6545,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemBatchDecompressAsync_ptsz(
 }
 ///`cuMemCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_driver_cuMemCreate(
+pub unsafe extern "C" fn __chidori_driver_cuMemCreate__cu118(
     handle: *mut c_void,
     size: usize,
     prop: *mut c_void,
@@ -6099,7 +6553,27 @@ pub unsafe extern "C" fn __chidori_driver_cuMemCreate(
 ) -> u32 {
     unsafe {
         crate::runtime::call(
-            &chidori_cuda::calls::driver::cuMemCreate,
+            &chidori_cuda::calls::driver::cuMemCreate__cu118,
+            &[
+                (handle) as usize as u64,
+                (size) as u64,
+                (prop) as usize as u64,
+                (flags) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuMemCreate` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemCreate__cu135(
+    handle: *mut c_void,
+    size: usize,
+    prop: *mut c_void,
+    flags: u64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemCreate__cu135,
             &[
                 (handle) as usize as u64,
                 (size) as u64,
@@ -6111,7 +6585,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemCreate(
 }
 ///`cuMemDiscardAndPrefetchBatchAsync` for CUDA 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_driver_cuMemDiscardAndPrefetchBatchAsync(
+pub unsafe extern "C" fn __chidori_driver_cuMemDiscardAndPrefetchBatchAsync__cu130(
     dptrs: *mut c_void,
     sizes: *mut c_void,
     count: usize,
@@ -6123,7 +6597,35 @@ pub unsafe extern "C" fn __chidori_driver_cuMemDiscardAndPrefetchBatchAsync(
 ) -> u32 {
     unsafe {
         crate::runtime::call(
-            &chidori_cuda::calls::driver::cuMemDiscardAndPrefetchBatchAsync,
+            &chidori_cuda::calls::driver::cuMemDiscardAndPrefetchBatchAsync__cu130,
+            &[
+                (dptrs) as usize as u64,
+                (sizes) as usize as u64,
+                (count) as u64,
+                (prefetchLocs) as usize as u64,
+                (prefetchLocIdxs) as usize as u64,
+                (numPrefetchLocs) as u64,
+                (flags) as u64,
+                (hStream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuMemDiscardAndPrefetchBatchAsync` for CUDA 13.5 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemDiscardAndPrefetchBatchAsync__cu135(
+    dptrs: *mut c_void,
+    sizes: *mut c_void,
+    count: usize,
+    prefetchLocs: *mut c_void,
+    prefetchLocIdxs: *mut c_void,
+    numPrefetchLocs: usize,
+    flags: u64,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemDiscardAndPrefetchBatchAsync__cu135,
             &[
                 (dptrs) as usize as u64,
                 (sizes) as usize as u64,
@@ -6139,7 +6641,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemDiscardAndPrefetchBatchAsync(
 }
 ///`cuMemDiscardAndPrefetchBatchAsync_ptsz` for CUDA 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_driver_cuMemDiscardAndPrefetchBatchAsync_ptsz(
+pub unsafe extern "C" fn __chidori_driver_cuMemDiscardAndPrefetchBatchAsync_ptsz__cu130(
     dptrs: *mut c_void,
     sizes: *mut c_void,
     count: usize,
@@ -6151,7 +6653,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemDiscardAndPrefetchBatchAsync_ptsz
 ) -> u32 {
     unsafe {
         crate::runtime::call(
-            &chidori_cuda::calls::driver::cuMemDiscardAndPrefetchBatchAsync_ptsz,
+            &chidori_cuda::calls::driver::cuMemDiscardAndPrefetchBatchAsync_ptsz__cu130,
             &[
                 (dptrs) as usize as u64,
                 (sizes) as usize as u64,
@@ -6165,7 +6667,35 @@ pub unsafe extern "C" fn __chidori_driver_cuMemDiscardAndPrefetchBatchAsync_ptsz
         ) as u32
     }
 }
-///`cuMemDiscardBatchAsync` for CUDA 13.0, 13.1 (async).
+///`cuMemDiscardAndPrefetchBatchAsync_ptsz` for CUDA 13.5 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemDiscardAndPrefetchBatchAsync_ptsz__cu135(
+    dptrs: *mut c_void,
+    sizes: *mut c_void,
+    count: usize,
+    prefetchLocs: *mut c_void,
+    prefetchLocIdxs: *mut c_void,
+    numPrefetchLocs: usize,
+    flags: u64,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemDiscardAndPrefetchBatchAsync_ptsz__cu135,
+            &[
+                (dptrs) as usize as u64,
+                (sizes) as usize as u64,
+                (count) as u64,
+                (prefetchLocs) as usize as u64,
+                (prefetchLocIdxs) as usize as u64,
+                (numPrefetchLocs) as u64,
+                (flags) as u64,
+                (hStream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuMemDiscardBatchAsync` for CUDA 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemDiscardBatchAsync(
     dptrs: *mut c_void,
@@ -6187,7 +6717,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemDiscardBatchAsync(
         ) as u32
     }
 }
-///`cuMemDiscardBatchAsync_ptsz` for CUDA 13.0, 13.1 (async).
+///`cuMemDiscardBatchAsync_ptsz` for CUDA 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemDiscardBatchAsync_ptsz(
     dptrs: *mut c_void,
@@ -6209,7 +6739,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemDiscardBatchAsync_ptsz(
         ) as u32
     }
 }
-///`cuMemFree` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemFree` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemFree(dptr: u32) -> u32 {
     unsafe {
@@ -6217,7 +6747,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemFree(dptr: u32) -> u32 {
             as u32
     }
 }
-///`cuMemFreeAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemFreeAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemFreeAsync(
     dptr: u64,
@@ -6230,7 +6760,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemFreeAsync(
         ) as u32
     }
 }
-///`cuMemFreeAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemFreeAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemFreeAsync_ptsz(
     dptr: u64,
@@ -6243,31 +6773,45 @@ pub unsafe extern "C" fn __chidori_driver_cuMemFreeAsync_ptsz(
         ) as u32
     }
 }
-///`cuMemFreeHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`cuMemFreeHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemFreeHost(p: *mut c_void) -> u32 {
     unsafe { crate::custom::driver::cuMemFreeHost(p) }
 }
-///`cuMemFree_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuMemFree_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemFree_v2(dptr: u64) -> u32 {
     unsafe { crate::custom::driver::cuMemFree_v2(dptr) }
 }
 ///`cuMemGetAccess` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_driver_cuMemGetAccess(
+pub unsafe extern "C" fn __chidori_driver_cuMemGetAccess__cu118(
     flags: *mut c_void,
     location: *mut c_void,
     ptr: u64,
 ) -> u32 {
     unsafe {
         crate::runtime::call(
-            &chidori_cuda::calls::driver::cuMemGetAccess,
+            &chidori_cuda::calls::driver::cuMemGetAccess__cu118,
             &[(flags) as usize as u64, (location) as usize as u64, (ptr) as u64],
         ) as u32
     }
 }
-///`cuMemGetAddressRange_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuMemGetAccess` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemGetAccess__cu135(
+    flags: *mut c_void,
+    location: *mut c_void,
+    ptr: u64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemGetAccess__cu135,
+            &[(flags) as usize as u64, (location) as usize as u64, (ptr) as u64],
+        ) as u32
+    }
+}
+///`cuMemGetAddressRange_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemGetAddressRange_v2(
     pbase: *mut c_void,
@@ -6277,7 +6821,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemGetAddressRange_v2(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuMemGetAddressRange_v2",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[&chidori_cuda::calls::driver::cuMemGetAddressRange_v2__call],
             codes: chidori_cuda::desc::Codes {
@@ -6293,46 +6837,87 @@ pub unsafe extern "C" fn __chidori_driver_cuMemGetAddressRange_v2(
 }
 ///`cuMemGetAllocationGranularity` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_driver_cuMemGetAllocationGranularity(
+pub unsafe extern "C" fn __chidori_driver_cuMemGetAllocationGranularity__cu118(
     granularity: *mut c_void,
     prop: *mut c_void,
     option: u32,
 ) -> u32 {
     unsafe {
         crate::runtime::call(
-            &chidori_cuda::calls::driver::cuMemGetAllocationGranularity,
+            &chidori_cuda::calls::driver::cuMemGetAllocationGranularity__cu118,
+            &[(granularity) as usize as u64, (prop) as usize as u64, (option) as u64],
+        ) as u32
+    }
+}
+///`cuMemGetAllocationGranularity` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemGetAllocationGranularity__cu135(
+    granularity: *mut c_void,
+    prop: *mut c_void,
+    option: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemGetAllocationGranularity__cu135,
             &[(granularity) as usize as u64, (prop) as usize as u64, (option) as u64],
         ) as u32
     }
 }
 ///`cuMemGetAllocationPropertiesFromHandle` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_driver_cuMemGetAllocationPropertiesFromHandle(
+pub unsafe extern "C" fn __chidori_driver_cuMemGetAllocationPropertiesFromHandle__cu118(
     prop: *mut c_void,
     handle: u64,
 ) -> u32 {
     unsafe {
         crate::runtime::call(
-            &chidori_cuda::calls::driver::cuMemGetAllocationPropertiesFromHandle,
+            &chidori_cuda::calls::driver::cuMemGetAllocationPropertiesFromHandle__cu118,
+            &[(prop) as usize as u64, (handle) as u64],
+        ) as u32
+    }
+}
+///`cuMemGetAllocationPropertiesFromHandle` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemGetAllocationPropertiesFromHandle__cu135(
+    prop: *mut c_void,
+    handle: u64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemGetAllocationPropertiesFromHandle__cu135,
             &[(prop) as usize as u64, (handle) as u64],
         ) as u32
     }
 }
 ///`cuMemGetDefaultMemPool` for CUDA 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_driver_cuMemGetDefaultMemPool(
+pub unsafe extern "C" fn __chidori_driver_cuMemGetDefaultMemPool__cu130(
     pool_out: *mut c_void,
     location: *mut c_void,
     r#type: u32,
 ) -> u32 {
     unsafe {
         crate::runtime::call(
-            &chidori_cuda::calls::driver::cuMemGetDefaultMemPool,
+            &chidori_cuda::calls::driver::cuMemGetDefaultMemPool__cu130,
             &[(pool_out) as usize as u64, (location) as usize as u64, (r#type) as u64],
         ) as u32
     }
 }
-///`cuMemGetInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemGetDefaultMemPool` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemGetDefaultMemPool__cu135(
+    pool_out: *mut c_void,
+    location: *mut c_void,
+    r#type: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemGetDefaultMemPool__cu135,
+            &[(pool_out) as usize as u64, (location) as usize as u64, (r#type) as u64],
+        ) as u32
+    }
+}
+///`cuMemGetInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemGetInfo(
     free: *mut c_void,
@@ -6345,7 +6930,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemGetInfo(
         ) as u32
     }
 }
-///`cuMemGetInfo_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemGetInfo_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemGetInfo_v2(
     free: *mut c_void,
@@ -6360,19 +6945,33 @@ pub unsafe extern "C" fn __chidori_driver_cuMemGetInfo_v2(
 }
 ///`cuMemGetMemPool` for CUDA 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_driver_cuMemGetMemPool(
+pub unsafe extern "C" fn __chidori_driver_cuMemGetMemPool__cu130(
     pool: *mut c_void,
     location: *mut c_void,
     r#type: u32,
 ) -> u32 {
     unsafe {
         crate::runtime::call(
-            &chidori_cuda::calls::driver::cuMemGetMemPool,
+            &chidori_cuda::calls::driver::cuMemGetMemPool__cu130,
             &[(pool) as usize as u64, (location) as usize as u64, (r#type) as u64],
         ) as u32
     }
 }
-///`cuMemHostAlloc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`cuMemGetMemPool` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemGetMemPool__cu135(
+    pool: *mut c_void,
+    location: *mut c_void,
+    r#type: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemGetMemPool__cu135,
+            &[(pool) as usize as u64, (location) as usize as u64, (r#type) as u64],
+        ) as u32
+    }
+}
+///`cuMemHostAlloc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemHostAlloc(
     pp: *mut c_void,
@@ -6381,7 +6980,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemHostAlloc(
 ) -> u32 {
     unsafe { crate::custom::driver::cuMemHostAlloc(pp, bytesize, Flags) }
 }
-///`cuMemHostGetDevicePointer_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`cuMemHostGetDevicePointer_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemHostGetDevicePointer_v2(
     pdptr: *mut c_void,
@@ -6390,7 +6989,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemHostGetDevicePointer_v2(
 ) -> u32 {
     unsafe { crate::custom::driver::cuMemHostGetDevicePointer_v2(pdptr, p, Flags) }
 }
-///`cuMemHostGetFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`cuMemHostGetFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemHostGetFlags(
     pFlags: *mut c_void,
@@ -6398,7 +6997,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemHostGetFlags(
 ) -> u32 {
     unsafe { crate::custom::driver::cuMemHostGetFlags(pFlags, p) }
 }
-///`cuMemHostRegister` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`cuMemHostRegister` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemHostRegister(
     p: *mut c_void,
@@ -6408,7 +7007,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemHostRegister(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuMemHostRegister",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -6422,7 +7021,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemHostRegister(
         crate::custom::driver::mem_host_register_v1(&CTX, p, bytesize, Flags)
     }
 }
-///`cuMemHostRegister_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`cuMemHostRegister_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemHostRegister_v2(
     p: *mut c_void,
@@ -6431,12 +7030,12 @@ pub unsafe extern "C" fn __chidori_driver_cuMemHostRegister_v2(
 ) -> u32 {
     unsafe { crate::custom::driver::cuMemHostRegister_v2(p, bytesize, Flags) }
 }
-///`cuMemHostUnregister` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`cuMemHostUnregister` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemHostUnregister(p: *mut c_void) -> u32 {
     unsafe { crate::custom::driver::cuMemHostUnregister(p) }
 }
-///`cuMemMap` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuMemMap` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemMap(
     ptr: u64,
@@ -6448,7 +7047,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemMap(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuMemMap",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[&chidori_cuda::calls::driver::cuMemMap__call],
             codes: chidori_cuda::desc::Codes {
@@ -6462,7 +7061,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemMap(
         crate::custom::driver::mem_map(&CTX, ptr, size, offset, handle, flags)
     }
 }
-///`cuMemMapArrayAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cuMemMapArrayAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemMapArrayAsync(
     mapInfoList: *mut c_void,
@@ -6476,7 +7075,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemMapArrayAsync(
         ) as u32
     }
 }
-///`cuMemMapArrayAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cuMemMapArrayAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemMapArrayAsync_ptsz(
     mapInfoList: *mut c_void,
@@ -6516,7 +7115,20 @@ pub unsafe extern "C" fn __chidori_driver_cuMemPoolCreate__cu126(
         ) as u32
     }
 }
-///`cuMemPoolDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemPoolCreate` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemPoolCreate__cu135(
+    pool: *mut c_void,
+    poolProps: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemPoolCreate__cu135,
+            &[(pool) as usize as u64, (poolProps) as usize as u64],
+        ) as u32
+    }
+}
+///`cuMemPoolDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemPoolDestroy(pool: *mut c_void) -> u32 {
     unsafe {
@@ -6528,14 +7140,14 @@ pub unsafe extern "C" fn __chidori_driver_cuMemPoolDestroy(pool: *mut c_void) ->
 }
 ///`cuMemPoolGetAccess` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_driver_cuMemPoolGetAccess(
+pub unsafe extern "C" fn __chidori_driver_cuMemPoolGetAccess__cu118(
     flags: *mut c_void,
     memPool: *mut c_void,
     location: *mut c_void,
 ) -> u32 {
     unsafe {
         crate::runtime::call(
-            &chidori_cuda::calls::driver::cuMemPoolGetAccess,
+            &chidori_cuda::calls::driver::cuMemPoolGetAccess__cu118,
             &[
                 (flags) as usize as u64,
                 (memPool) as usize as u64,
@@ -6544,7 +7156,25 @@ pub unsafe extern "C" fn __chidori_driver_cuMemPoolGetAccess(
         ) as u32
     }
 }
-///`cuMemPoolGetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemPoolGetAccess` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemPoolGetAccess__cu135(
+    flags: *mut c_void,
+    memPool: *mut c_void,
+    location: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemPoolGetAccess__cu135,
+            &[
+                (flags) as usize as u64,
+                (memPool) as usize as u64,
+                (location) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuMemPoolGetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemPoolGetAttribute(
     pool: *mut c_void,
@@ -6560,19 +7190,33 @@ pub unsafe extern "C" fn __chidori_driver_cuMemPoolGetAttribute(
 }
 ///`cuMemPoolSetAccess` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_driver_cuMemPoolSetAccess(
+pub unsafe extern "C" fn __chidori_driver_cuMemPoolSetAccess__cu118(
     pool: *mut c_void,
     map: *mut c_void,
     count: usize,
 ) -> u32 {
     unsafe {
         crate::runtime::call(
-            &chidori_cuda::calls::driver::cuMemPoolSetAccess,
+            &chidori_cuda::calls::driver::cuMemPoolSetAccess__cu118,
             &[(pool) as usize as u64, (map) as usize as u64, (count) as u64],
         ) as u32
     }
 }
-///`cuMemPoolSetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemPoolSetAccess` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemPoolSetAccess__cu135(
+    pool: *mut c_void,
+    map: *mut c_void,
+    count: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemPoolSetAccess__cu135,
+            &[(pool) as usize as u64, (map) as usize as u64, (count) as u64],
+        ) as u32
+    }
+}
+///`cuMemPoolSetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemPoolSetAttribute(
     pool: *mut c_void,
@@ -6586,7 +7230,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemPoolSetAttribute(
         ) as u32
     }
 }
-///`cuMemPoolTrimTo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemPoolTrimTo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemPoolTrimTo(
     pool: *mut c_void,
@@ -6599,7 +7243,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemPoolTrimTo(
         ) as u32
     }
 }
-///`cuMemPrefetchAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemPrefetchAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemPrefetchAsync(
     devPtr: u64,
@@ -6619,7 +7263,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemPrefetchAsync(
         ) as u32
     }
 }
-///`cuMemPrefetchAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemPrefetchAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemPrefetchAsync_ptsz(
     devPtr: u64,
@@ -6641,7 +7285,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemPrefetchAsync_ptsz(
 }
 ///`cuMemPrefetchAsync_v2` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_driver_cuMemPrefetchAsync_v2(
+pub unsafe extern "C" fn __chidori_driver_cuMemPrefetchAsync_v2__cu126(
     devPtr: u64,
     count: usize,
     location: chidori_cuda::types::CUmemLocation_st,
@@ -6650,7 +7294,29 @@ pub unsafe extern "C" fn __chidori_driver_cuMemPrefetchAsync_v2(
 ) -> u32 {
     unsafe {
         crate::runtime::call(
-            &chidori_cuda::calls::driver::cuMemPrefetchAsync_v2,
+            &chidori_cuda::calls::driver::cuMemPrefetchAsync_v2__cu126,
+            &[
+                (devPtr) as u64,
+                (count) as u64,
+                &(location) as *const _ as usize as u64,
+                (flags) as u64,
+                (hStream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuMemPrefetchAsync_v2` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemPrefetchAsync_v2__cu135(
+    devPtr: u64,
+    count: usize,
+    location: chidori_cuda::types::CUmemLocation_st,
+    flags: u32,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemPrefetchAsync_v2__cu135,
             &[
                 (devPtr) as u64,
                 (count) as u64,
@@ -6663,7 +7329,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemPrefetchAsync_v2(
 }
 ///`cuMemPrefetchAsync_v2_ptsz` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_driver_cuMemPrefetchAsync_v2_ptsz(
+pub unsafe extern "C" fn __chidori_driver_cuMemPrefetchAsync_v2_ptsz__cu126(
     devPtr: u64,
     count: usize,
     location: chidori_cuda::types::CUmemLocation_st,
@@ -6672,7 +7338,29 @@ pub unsafe extern "C" fn __chidori_driver_cuMemPrefetchAsync_v2_ptsz(
 ) -> u32 {
     unsafe {
         crate::runtime::call(
-            &chidori_cuda::calls::driver::cuMemPrefetchAsync_v2_ptsz,
+            &chidori_cuda::calls::driver::cuMemPrefetchAsync_v2_ptsz__cu126,
+            &[
+                (devPtr) as u64,
+                (count) as u64,
+                &(location) as *const _ as usize as u64,
+                (flags) as u64,
+                (hStream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuMemPrefetchAsync_v2_ptsz` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemPrefetchAsync_v2_ptsz__cu135(
+    devPtr: u64,
+    count: usize,
+    location: chidori_cuda::types::CUmemLocation_st,
+    flags: u32,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemPrefetchAsync_v2_ptsz__cu135,
             &[
                 (devPtr) as u64,
                 (count) as u64,
@@ -6685,7 +7373,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemPrefetchAsync_v2_ptsz(
 }
 ///`cuMemPrefetchBatchAsync` for CUDA 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_driver_cuMemPrefetchBatchAsync(
+pub unsafe extern "C" fn __chidori_driver_cuMemPrefetchBatchAsync__cu130(
     dptrs: *mut c_void,
     sizes: *mut c_void,
     count: usize,
@@ -6697,7 +7385,35 @@ pub unsafe extern "C" fn __chidori_driver_cuMemPrefetchBatchAsync(
 ) -> u32 {
     unsafe {
         crate::runtime::call(
-            &chidori_cuda::calls::driver::cuMemPrefetchBatchAsync,
+            &chidori_cuda::calls::driver::cuMemPrefetchBatchAsync__cu130,
+            &[
+                (dptrs) as usize as u64,
+                (sizes) as usize as u64,
+                (count) as u64,
+                (prefetchLocs) as usize as u64,
+                (prefetchLocIdxs) as usize as u64,
+                (numPrefetchLocs) as u64,
+                (flags) as u64,
+                (hStream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuMemPrefetchBatchAsync` for CUDA 13.5 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemPrefetchBatchAsync__cu135(
+    dptrs: *mut c_void,
+    sizes: *mut c_void,
+    count: usize,
+    prefetchLocs: *mut c_void,
+    prefetchLocIdxs: *mut c_void,
+    numPrefetchLocs: usize,
+    flags: u64,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemPrefetchBatchAsync__cu135,
             &[
                 (dptrs) as usize as u64,
                 (sizes) as usize as u64,
@@ -6713,7 +7429,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemPrefetchBatchAsync(
 }
 ///`cuMemPrefetchBatchAsync_ptsz` for CUDA 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_driver_cuMemPrefetchBatchAsync_ptsz(
+pub unsafe extern "C" fn __chidori_driver_cuMemPrefetchBatchAsync_ptsz__cu130(
     dptrs: *mut c_void,
     sizes: *mut c_void,
     count: usize,
@@ -6725,7 +7441,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemPrefetchBatchAsync_ptsz(
 ) -> u32 {
     unsafe {
         crate::runtime::call(
-            &chidori_cuda::calls::driver::cuMemPrefetchBatchAsync_ptsz,
+            &chidori_cuda::calls::driver::cuMemPrefetchBatchAsync_ptsz__cu130,
             &[
                 (dptrs) as usize as u64,
                 (sizes) as usize as u64,
@@ -6739,7 +7455,35 @@ pub unsafe extern "C" fn __chidori_driver_cuMemPrefetchBatchAsync_ptsz(
         ) as u32
     }
 }
-///`cuMemRangeGetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemPrefetchBatchAsync_ptsz` for CUDA 13.5 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemPrefetchBatchAsync_ptsz__cu135(
+    dptrs: *mut c_void,
+    sizes: *mut c_void,
+    count: usize,
+    prefetchLocs: *mut c_void,
+    prefetchLocIdxs: *mut c_void,
+    numPrefetchLocs: usize,
+    flags: u64,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemPrefetchBatchAsync_ptsz__cu135,
+            &[
+                (dptrs) as usize as u64,
+                (sizes) as usize as u64,
+                (count) as u64,
+                (prefetchLocs) as usize as u64,
+                (prefetchLocIdxs) as usize as u64,
+                (numPrefetchLocs) as u64,
+                (flags) as u64,
+                (hStream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuMemRangeGetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemRangeGetAttribute(
     data: *mut c_void,
@@ -6761,7 +7505,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemRangeGetAttribute(
         ) as u32
     }
 }
-///`cuMemRangeGetAttributes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuMemRangeGetAttributes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemRangeGetAttributes(
     data: *mut c_void,
@@ -6774,7 +7518,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemRangeGetAttributes(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuMemRangeGetAttributes",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -6796,7 +7540,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemRangeGetAttributes(
         )
     }
 }
-///`cuMemRelease` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemRelease` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemRelease(handle: u64) -> u32 {
     unsafe {
@@ -6806,7 +7550,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemRelease(handle: u64) -> u32 {
         ) as u32
     }
 }
-///`cuMemRetainAllocationHandle` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemRetainAllocationHandle` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemRetainAllocationHandle(
     handle: *mut c_void,
@@ -6821,7 +7565,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemRetainAllocationHandle(
 }
 ///`cuMemSetAccess` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_driver_cuMemSetAccess(
+pub unsafe extern "C" fn __chidori_driver_cuMemSetAccess__cu118(
     ptr: u64,
     size: usize,
     desc: *mut c_void,
@@ -6829,32 +7573,61 @@ pub unsafe extern "C" fn __chidori_driver_cuMemSetAccess(
 ) -> u32 {
     unsafe {
         crate::runtime::call(
-            &chidori_cuda::calls::driver::cuMemSetAccess,
+            &chidori_cuda::calls::driver::cuMemSetAccess__cu118,
+            &[(ptr) as u64, (size) as u64, (desc) as usize as u64, (count) as u64],
+        ) as u32
+    }
+}
+///`cuMemSetAccess` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemSetAccess__cu135(
+    ptr: u64,
+    size: usize,
+    desc: *mut c_void,
+    count: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemSetAccess__cu135,
             &[(ptr) as u64, (size) as u64, (desc) as usize as u64, (count) as u64],
         ) as u32
     }
 }
 ///`cuMemSetMemPool` for CUDA 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_driver_cuMemSetMemPool(
+pub unsafe extern "C" fn __chidori_driver_cuMemSetMemPool__cu130(
     location: *mut c_void,
     r#type: u32,
     pool: *mut c_void,
 ) -> u32 {
     unsafe {
         crate::runtime::call(
-            &chidori_cuda::calls::driver::cuMemSetMemPool,
+            &chidori_cuda::calls::driver::cuMemSetMemPool__cu130,
             &[(location) as usize as u64, (r#type) as u64, (pool) as usize as u64],
         ) as u32
     }
 }
-///`cuMemUnmap` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuMemSetMemPool` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemSetMemPool__cu135(
+    location: *mut c_void,
+    r#type: u32,
+    pool: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemSetMemPool__cu135,
+            &[(location) as usize as u64, (r#type) as u64, (pool) as usize as u64],
+        ) as u32
+    }
+}
+///`cuMemUnmap` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemUnmap(ptr: u64, size: usize) -> u32 {
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuMemUnmap",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[&chidori_cuda::calls::driver::cuMemUnmap__call],
             codes: chidori_cuda::desc::Codes {
@@ -6868,7 +7641,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemUnmap(ptr: u64, size: usize) -> u
         crate::custom::driver::mem_unmap(&CTX, ptr, size)
     }
 }
-///`cuMemcpy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuMemcpy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpy(
     dst: u64,
@@ -6879,7 +7652,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpy(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuMemcpy",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[
                     &chidori_cuda::calls::driver::cuMemcpy__d2d,
@@ -6901,7 +7674,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpy(
         }) as u32
     }
 }
-///`cuMemcpy2DAsync_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuMemcpy2DAsync_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpy2DAsync_v2(
     pCopy: *mut c_void,
@@ -6911,7 +7684,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpy2DAsync_v2(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuMemcpy2DAsync_v2",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[&chidori_cuda::calls::driver::cuMemcpy2DAsync_v2__d2d],
                 codes: chidori_cuda::desc::Codes {
@@ -6929,7 +7702,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpy2DAsync_v2(
         }) as u32
     }
 }
-///`cuMemcpy2DAsync_v2_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuMemcpy2DAsync_v2_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpy2DAsync_v2_ptsz(
     pCopy: *mut c_void,
@@ -6939,7 +7712,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpy2DAsync_v2_ptsz(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuMemcpy2DAsync_v2_ptsz",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[&chidori_cuda::calls::driver::cuMemcpy2DAsync_v2_ptsz__d2d],
                 codes: chidori_cuda::desc::Codes {
@@ -6957,7 +7730,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpy2DAsync_v2_ptsz(
         }) as u32
     }
 }
-///`cuMemcpy2DUnaligned_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuMemcpy2DUnaligned_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpy2DUnaligned_v2(
     pCopy: *mut c_void,
@@ -6966,7 +7739,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpy2DUnaligned_v2(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuMemcpy2DUnaligned_v2",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[&chidori_cuda::calls::driver::cuMemcpy2DUnaligned_v2__d2d],
                 codes: chidori_cuda::desc::Codes {
@@ -6981,7 +7754,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpy2DUnaligned_v2(
         }) as u32
     }
 }
-///`cuMemcpy2DUnaligned_v2_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuMemcpy2DUnaligned_v2_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpy2DUnaligned_v2_ptds(
     pCopy: *mut c_void,
@@ -6990,7 +7763,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpy2DUnaligned_v2_ptds(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuMemcpy2DUnaligned_v2_ptds",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[&chidori_cuda::calls::driver::cuMemcpy2DUnaligned_v2_ptds__d2d],
                 codes: chidori_cuda::desc::Codes {
@@ -7005,14 +7778,14 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpy2DUnaligned_v2_ptds(
         }) as u32
     }
 }
-///`cuMemcpy2D_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuMemcpy2D_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpy2D_v2(pCopy: *mut c_void) -> u32 {
     unsafe {
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuMemcpy2D_v2",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[&chidori_cuda::calls::driver::cuMemcpy2D_v2__d2d],
                 codes: chidori_cuda::desc::Codes {
@@ -7027,14 +7800,14 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpy2D_v2(pCopy: *mut c_void) -> u
         }) as u32
     }
 }
-///`cuMemcpy2D_v2_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuMemcpy2D_v2_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpy2D_v2_ptds(pCopy: *mut c_void) -> u32 {
     unsafe {
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuMemcpy2D_v2_ptds",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[&chidori_cuda::calls::driver::cuMemcpy2D_v2_ptds__d2d],
                 codes: chidori_cuda::desc::Codes {
@@ -7049,7 +7822,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpy2D_v2_ptds(pCopy: *mut c_void)
         }) as u32
     }
 }
-///`cuMemcpy3DAsync_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuMemcpy3DAsync_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpy3DAsync_v2(
     pCopy: *mut c_void,
@@ -7059,7 +7832,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpy3DAsync_v2(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuMemcpy3DAsync_v2",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[&chidori_cuda::calls::driver::cuMemcpy3DAsync_v2__d2d],
                 codes: chidori_cuda::desc::Codes {
@@ -7077,7 +7850,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpy3DAsync_v2(
         }) as u32
     }
 }
-///`cuMemcpy3DAsync_v2_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuMemcpy3DAsync_v2_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpy3DAsync_v2_ptsz(
     pCopy: *mut c_void,
@@ -7087,7 +7860,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpy3DAsync_v2_ptsz(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuMemcpy3DAsync_v2_ptsz",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[&chidori_cuda::calls::driver::cuMemcpy3DAsync_v2_ptsz__d2d],
                 codes: chidori_cuda::desc::Codes {
@@ -7107,7 +7880,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpy3DAsync_v2_ptsz(
 }
 ///`cuMemcpy3DBatchAsync` for CUDA 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_driver_cuMemcpy3DBatchAsync(
+pub unsafe extern "C" fn __chidori_driver_cuMemcpy3DBatchAsync__cu128(
     numOps: usize,
     opList: *mut c_void,
     failIdx: *mut c_void,
@@ -7142,9 +7915,46 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpy3DBatchAsync(
         }) as u32
     }
 }
+///`cuMemcpy3DBatchAsync` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpy3DBatchAsync__cu135(
+    numOps: usize,
+    opList: *mut c_void,
+    failIdx: *mut c_void,
+    flags: u64,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuMemcpy3DBatchAsync",
+                version: "13.5",
+                library: "driver",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::arrays::batch_raw(
+                &CTX,
+                &[
+                    (numOps) as u64,
+                    (opList) as usize as u64,
+                    (failIdx) as usize as u64,
+                    (flags) as u64,
+                    (hStream) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
 ///`cuMemcpy3DBatchAsync_ptsz` for CUDA 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_driver_cuMemcpy3DBatchAsync_ptsz(
+pub unsafe extern "C" fn __chidori_driver_cuMemcpy3DBatchAsync_ptsz__cu128(
     numOps: usize,
     opList: *mut c_void,
     failIdx: *mut c_void,
@@ -7179,9 +7989,46 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpy3DBatchAsync_ptsz(
         }) as u32
     }
 }
+///`cuMemcpy3DBatchAsync_ptsz` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpy3DBatchAsync_ptsz__cu135(
+    numOps: usize,
+    opList: *mut c_void,
+    failIdx: *mut c_void,
+    flags: u64,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuMemcpy3DBatchAsync_ptsz",
+                version: "13.5",
+                library: "driver",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::arrays::batch_raw(
+                &CTX,
+                &[
+                    (numOps) as u64,
+                    (opList) as usize as u64,
+                    (failIdx) as usize as u64,
+                    (flags) as u64,
+                    (hStream) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
 ///`cuMemcpy3DBatchAsync_v2` for CUDA 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_driver_cuMemcpy3DBatchAsync_v2(
+pub unsafe extern "C" fn __chidori_driver_cuMemcpy3DBatchAsync_v2__cu130(
     numOps: usize,
     opList: *mut c_void,
     flags: u64,
@@ -7214,9 +8061,44 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpy3DBatchAsync_v2(
         }) as u32
     }
 }
+///`cuMemcpy3DBatchAsync_v2` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpy3DBatchAsync_v2__cu135(
+    numOps: usize,
+    opList: *mut c_void,
+    flags: u64,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuMemcpy3DBatchAsync_v2",
+                version: "13.5",
+                library: "driver",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::arrays::batch_raw(
+                &CTX,
+                &[
+                    (numOps) as u64,
+                    (opList) as usize as u64,
+                    (flags) as u64,
+                    (hStream) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
 ///`cuMemcpy3DBatchAsync_v2_ptsz` for CUDA 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_driver_cuMemcpy3DBatchAsync_v2_ptsz(
+pub unsafe extern "C" fn __chidori_driver_cuMemcpy3DBatchAsync_v2_ptsz__cu130(
     numOps: usize,
     opList: *mut c_void,
     flags: u64,
@@ -7249,7 +8131,42 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpy3DBatchAsync_v2_ptsz(
         }) as u32
     }
 }
-///`cuMemcpy3DPeer` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cuMemcpy3DBatchAsync_v2_ptsz` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpy3DBatchAsync_v2_ptsz__cu135(
+    numOps: usize,
+    opList: *mut c_void,
+    flags: u64,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuMemcpy3DBatchAsync_v2_ptsz",
+                version: "13.5",
+                library: "driver",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::arrays::batch_raw(
+                &CTX,
+                &[
+                    (numOps) as u64,
+                    (opList) as usize as u64,
+                    (flags) as u64,
+                    (hStream) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cuMemcpy3DPeer` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpy3DPeer(pCopy: *mut c_void) -> u32 {
     unsafe {
@@ -7259,7 +8176,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpy3DPeer(pCopy: *mut c_void) -> 
         ) as u32
     }
 }
-///`cuMemcpy3DPeerAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cuMemcpy3DPeerAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpy3DPeerAsync(
     pCopy: *mut c_void,
@@ -7272,7 +8189,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpy3DPeerAsync(
         ) as u32
     }
 }
-///`cuMemcpy3DPeerAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cuMemcpy3DPeerAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpy3DPeerAsync_ptsz(
     pCopy: *mut c_void,
@@ -7285,7 +8202,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpy3DPeerAsync_ptsz(
         ) as u32
     }
 }
-///`cuMemcpy3DPeer_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cuMemcpy3DPeer_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpy3DPeer_ptds(
     pCopy: *mut c_void,
@@ -7297,14 +8214,72 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpy3DPeer_ptds(
         ) as u32
     }
 }
-///`cuMemcpy3D_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuMemcpy3DWithAttributesAsync` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpy3DWithAttributesAsync(
+    op: *mut c_void,
+    flags: u64,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuMemcpy3DWithAttributesAsync",
+                version: "13.5",
+                library: "driver",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::arrays::batch_raw(
+                &CTX,
+                &[(op) as usize as u64, (flags) as u64, (hStream) as usize as u64],
+            )
+        }) as u32
+    }
+}
+///`cuMemcpy3DWithAttributesAsync_ptsz` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpy3DWithAttributesAsync_ptsz(
+    op: *mut c_void,
+    flags: u64,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuMemcpy3DWithAttributesAsync_ptsz",
+                version: "13.5",
+                library: "driver",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::arrays::batch_raw(
+                &CTX,
+                &[(op) as usize as u64, (flags) as u64, (hStream) as usize as u64],
+            )
+        }) as u32
+    }
+}
+///`cuMemcpy3D_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpy3D_v2(pCopy: *mut c_void) -> u32 {
     unsafe {
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuMemcpy3D_v2",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[&chidori_cuda::calls::driver::cuMemcpy3D_v2__d2d],
                 codes: chidori_cuda::desc::Codes {
@@ -7319,14 +8294,14 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpy3D_v2(pCopy: *mut c_void) -> u
         }) as u32
     }
 }
-///`cuMemcpy3D_v2_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuMemcpy3D_v2_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpy3D_v2_ptds(pCopy: *mut c_void) -> u32 {
     unsafe {
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuMemcpy3D_v2_ptds",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[&chidori_cuda::calls::driver::cuMemcpy3D_v2_ptds__d2d],
                 codes: chidori_cuda::desc::Codes {
@@ -7341,7 +8316,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpy3D_v2_ptds(pCopy: *mut c_void)
         }) as u32
     }
 }
-///`cuMemcpyAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuMemcpyAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpyAsync(
     dst: u64,
@@ -7353,7 +8328,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyAsync(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuMemcpyAsync",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[
                     &chidori_cuda::calls::driver::cuMemcpyAsync__d2d,
@@ -7380,7 +8355,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyAsync(
         }) as u32
     }
 }
-///`cuMemcpyAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuMemcpyAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpyAsync_ptsz(
     dst: u64,
@@ -7392,7 +8367,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyAsync_ptsz(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuMemcpyAsync_ptsz",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[
                     &chidori_cuda::calls::driver::cuMemcpyAsync_ptsz__d2d,
@@ -7419,7 +8394,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyAsync_ptsz(
         }) as u32
     }
 }
-///`cuMemcpyAtoA` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemcpyAtoA` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpyAtoA(
     dstArray: *mut c_void,
@@ -7441,7 +8416,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyAtoA(
         ) as u32
     }
 }
-///`cuMemcpyAtoA_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemcpyAtoA_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpyAtoA_v2(
     dstArray: *mut c_void,
@@ -7463,7 +8438,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyAtoA_v2(
         ) as u32
     }
 }
-///`cuMemcpyAtoA_v2_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemcpyAtoA_v2_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpyAtoA_v2_ptds(
     dstArray: *mut c_void,
@@ -7485,7 +8460,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyAtoA_v2_ptds(
         ) as u32
     }
 }
-///`cuMemcpyAtoD` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemcpyAtoD` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpyAtoD(
     dstDevice: u32,
@@ -7505,7 +8480,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyAtoD(
         ) as u32
     }
 }
-///`cuMemcpyAtoD_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemcpyAtoD_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpyAtoD_v2(
     dstDevice: u64,
@@ -7525,7 +8500,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyAtoD_v2(
         ) as u32
     }
 }
-///`cuMemcpyAtoD_v2_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemcpyAtoD_v2_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpyAtoD_v2_ptds(
     dstDevice: u64,
@@ -7545,7 +8520,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyAtoD_v2_ptds(
         ) as u32
     }
 }
-///`cuMemcpyAtoH` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemcpyAtoH` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpyAtoH(
     dstHost: *mut c_void,
@@ -7565,7 +8540,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyAtoH(
         ) as u32
     }
 }
-///`cuMemcpyAtoHAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemcpyAtoHAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpyAtoHAsync(
     dstHost: *mut c_void,
@@ -7587,7 +8562,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyAtoHAsync(
         ) as u32
     }
 }
-///`cuMemcpyAtoHAsync_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemcpyAtoHAsync_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpyAtoHAsync_v2(
     dstHost: *mut c_void,
@@ -7609,7 +8584,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyAtoHAsync_v2(
         ) as u32
     }
 }
-///`cuMemcpyAtoHAsync_v2_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemcpyAtoHAsync_v2_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpyAtoHAsync_v2_ptsz(
     dstHost: *mut c_void,
@@ -7631,7 +8606,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyAtoHAsync_v2_ptsz(
         ) as u32
     }
 }
-///`cuMemcpyAtoH_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemcpyAtoH_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpyAtoH_v2(
     dstHost: *mut c_void,
@@ -7651,7 +8626,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyAtoH_v2(
         ) as u32
     }
 }
-///`cuMemcpyAtoH_v2_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemcpyAtoH_v2_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpyAtoH_v2_ptds(
     dstHost: *mut c_void,
@@ -7673,7 +8648,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyAtoH_v2_ptds(
 }
 ///`cuMemcpyBatchAsync` for CUDA 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_driver_cuMemcpyBatchAsync(
+pub unsafe extern "C" fn __chidori_driver_cuMemcpyBatchAsync__cu128(
     dsts: *mut c_void,
     srcs: *mut c_void,
     sizes: *mut c_void,
@@ -7716,9 +8691,54 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyBatchAsync(
         }) as u32
     }
 }
+///`cuMemcpyBatchAsync` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpyBatchAsync__cu135(
+    dsts: *mut c_void,
+    srcs: *mut c_void,
+    sizes: *mut c_void,
+    count: usize,
+    attrs: *mut c_void,
+    attrsIdxs: *mut c_void,
+    numAttrs: usize,
+    failIdx: *mut c_void,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuMemcpyBatchAsync",
+                version: "13.5",
+                library: "driver",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::arrays::batch_raw(
+                &CTX,
+                &[
+                    (dsts) as usize as u64,
+                    (srcs) as usize as u64,
+                    (sizes) as usize as u64,
+                    (count) as u64,
+                    (attrs) as usize as u64,
+                    (attrsIdxs) as usize as u64,
+                    (numAttrs) as u64,
+                    (failIdx) as usize as u64,
+                    (hStream) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
 ///`cuMemcpyBatchAsync_ptsz` for CUDA 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_driver_cuMemcpyBatchAsync_ptsz(
+pub unsafe extern "C" fn __chidori_driver_cuMemcpyBatchAsync_ptsz__cu128(
     dsts: *mut c_void,
     srcs: *mut c_void,
     sizes: *mut c_void,
@@ -7761,9 +8781,54 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyBatchAsync_ptsz(
         }) as u32
     }
 }
+///`cuMemcpyBatchAsync_ptsz` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpyBatchAsync_ptsz__cu135(
+    dsts: *mut c_void,
+    srcs: *mut c_void,
+    sizes: *mut c_void,
+    count: usize,
+    attrs: *mut c_void,
+    attrsIdxs: *mut c_void,
+    numAttrs: usize,
+    failIdx: *mut c_void,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuMemcpyBatchAsync_ptsz",
+                version: "13.5",
+                library: "driver",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::arrays::batch_raw(
+                &CTX,
+                &[
+                    (dsts) as usize as u64,
+                    (srcs) as usize as u64,
+                    (sizes) as usize as u64,
+                    (count) as u64,
+                    (attrs) as usize as u64,
+                    (attrsIdxs) as usize as u64,
+                    (numAttrs) as u64,
+                    (failIdx) as usize as u64,
+                    (hStream) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
 ///`cuMemcpyBatchAsync_v2` for CUDA 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_driver_cuMemcpyBatchAsync_v2(
+pub unsafe extern "C" fn __chidori_driver_cuMemcpyBatchAsync_v2__cu130(
     dsts: *mut c_void,
     srcs: *mut c_void,
     sizes: *mut c_void,
@@ -7804,9 +8869,52 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyBatchAsync_v2(
         }) as u32
     }
 }
+///`cuMemcpyBatchAsync_v2` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpyBatchAsync_v2__cu135(
+    dsts: *mut c_void,
+    srcs: *mut c_void,
+    sizes: *mut c_void,
+    count: usize,
+    attrs: *mut c_void,
+    attrsIdxs: *mut c_void,
+    numAttrs: usize,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuMemcpyBatchAsync_v2",
+                version: "13.5",
+                library: "driver",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::arrays::batch_raw(
+                &CTX,
+                &[
+                    (dsts) as usize as u64,
+                    (srcs) as usize as u64,
+                    (sizes) as usize as u64,
+                    (count) as u64,
+                    (attrs) as usize as u64,
+                    (attrsIdxs) as usize as u64,
+                    (numAttrs) as u64,
+                    (hStream) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
 ///`cuMemcpyBatchAsync_v2_ptsz` for CUDA 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_driver_cuMemcpyBatchAsync_v2_ptsz(
+pub unsafe extern "C" fn __chidori_driver_cuMemcpyBatchAsync_v2_ptsz__cu130(
     dsts: *mut c_void,
     srcs: *mut c_void,
     sizes: *mut c_void,
@@ -7847,7 +8955,50 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyBatchAsync_v2_ptsz(
         }) as u32
     }
 }
-///`cuMemcpyDtoA` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemcpyBatchAsync_v2_ptsz` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpyBatchAsync_v2_ptsz__cu135(
+    dsts: *mut c_void,
+    srcs: *mut c_void,
+    sizes: *mut c_void,
+    count: usize,
+    attrs: *mut c_void,
+    attrsIdxs: *mut c_void,
+    numAttrs: usize,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuMemcpyBatchAsync_v2_ptsz",
+                version: "13.5",
+                library: "driver",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::arrays::batch_raw(
+                &CTX,
+                &[
+                    (dsts) as usize as u64,
+                    (srcs) as usize as u64,
+                    (sizes) as usize as u64,
+                    (count) as u64,
+                    (attrs) as usize as u64,
+                    (attrsIdxs) as usize as u64,
+                    (numAttrs) as u64,
+                    (hStream) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cuMemcpyDtoA` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpyDtoA(
     dstArray: *mut c_void,
@@ -7867,7 +9018,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyDtoA(
         ) as u32
     }
 }
-///`cuMemcpyDtoA_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemcpyDtoA_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpyDtoA_v2(
     dstArray: *mut c_void,
@@ -7887,7 +9038,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyDtoA_v2(
         ) as u32
     }
 }
-///`cuMemcpyDtoA_v2_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemcpyDtoA_v2_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpyDtoA_v2_ptds(
     dstArray: *mut c_void,
@@ -7907,7 +9058,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyDtoA_v2_ptds(
         ) as u32
     }
 }
-///`cuMemcpyDtoD` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemcpyDtoD` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpyDtoD(
     dstDevice: u32,
@@ -7921,7 +9072,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyDtoD(
         ) as u32
     }
 }
-///`cuMemcpyDtoDAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemcpyDtoDAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpyDtoDAsync(
     dstDevice: u32,
@@ -7941,7 +9092,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyDtoDAsync(
         ) as u32
     }
 }
-///`cuMemcpyDtoDAsync_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cuMemcpyDtoDAsync_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpyDtoDAsync_v2(
     dstDevice: u64,
@@ -7961,7 +9112,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyDtoDAsync_v2(
         ) as u32
     }
 }
-///`cuMemcpyDtoDAsync_v2_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cuMemcpyDtoDAsync_v2_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpyDtoDAsync_v2_ptsz(
     dstDevice: u64,
@@ -7981,7 +9132,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyDtoDAsync_v2_ptsz(
         ) as u32
     }
 }
-///`cuMemcpyDtoD_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cuMemcpyDtoD_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpyDtoD_v2(
     dstDevice: u64,
@@ -7995,7 +9146,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyDtoD_v2(
         ) as u32
     }
 }
-///`cuMemcpyDtoD_v2_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cuMemcpyDtoD_v2_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpyDtoD_v2_ptds(
     dstDevice: u64,
@@ -8009,7 +9160,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyDtoD_v2_ptds(
         ) as u32
     }
 }
-///`cuMemcpyDtoHAsync_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuMemcpyDtoHAsync_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpyDtoHAsync_v2(
     dstHost: *mut c_void,
@@ -8026,7 +9177,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyDtoHAsync_v2(
         )
     }
 }
-///`cuMemcpyDtoHAsync_v2_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuMemcpyDtoHAsync_v2_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpyDtoHAsync_v2_ptsz(
     dstHost: *mut c_void,
@@ -8043,7 +9194,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyDtoHAsync_v2_ptsz(
         )
     }
 }
-///`cuMemcpyDtoH_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuMemcpyDtoH_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpyDtoH_v2(
     dstHost: *mut c_void,
@@ -8054,7 +9205,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyDtoH_v2(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuMemcpyDtoH_v2",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[&chidori_cuda::calls::driver::cuMemcpyDtoH_v2__call],
                 codes: chidori_cuda::desc::Codes {
@@ -8072,7 +9223,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyDtoH_v2(
         }) as u32
     }
 }
-///`cuMemcpyDtoH_v2_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuMemcpyDtoH_v2_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpyDtoH_v2_ptds(
     dstHost: *mut c_void,
@@ -8083,7 +9234,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyDtoH_v2_ptds(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuMemcpyDtoH_v2_ptds",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[&chidori_cuda::calls::driver::cuMemcpyDtoH_v2_ptds__call],
                 codes: chidori_cuda::desc::Codes {
@@ -8101,7 +9252,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyDtoH_v2_ptds(
         }) as u32
     }
 }
-///`cuMemcpyHtoA` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cuMemcpyHtoA` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpyHtoA(
     dstArray: *mut c_void,
@@ -8121,7 +9272,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyHtoA(
         ) as u32
     }
 }
-///`cuMemcpyHtoAAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cuMemcpyHtoAAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpyHtoAAsync(
     dstArray: *mut c_void,
@@ -8143,7 +9294,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyHtoAAsync(
         ) as u32
     }
 }
-///`cuMemcpyHtoAAsync_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cuMemcpyHtoAAsync_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpyHtoAAsync_v2(
     dstArray: *mut c_void,
@@ -8165,7 +9316,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyHtoAAsync_v2(
         ) as u32
     }
 }
-///`cuMemcpyHtoAAsync_v2_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cuMemcpyHtoAAsync_v2_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpyHtoAAsync_v2_ptsz(
     dstArray: *mut c_void,
@@ -8187,7 +9338,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyHtoAAsync_v2_ptsz(
         ) as u32
     }
 }
-///`cuMemcpyHtoA_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cuMemcpyHtoA_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpyHtoA_v2(
     dstArray: *mut c_void,
@@ -8207,7 +9358,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyHtoA_v2(
         ) as u32
     }
 }
-///`cuMemcpyHtoA_v2_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cuMemcpyHtoA_v2_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpyHtoA_v2_ptds(
     dstArray: *mut c_void,
@@ -8227,7 +9378,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyHtoA_v2_ptds(
         ) as u32
     }
 }
-///`cuMemcpyHtoDAsync_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuMemcpyHtoDAsync_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpyHtoDAsync_v2(
     dstDevice: u64,
@@ -8239,7 +9390,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyHtoDAsync_v2(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuMemcpyHtoDAsync_v2",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[&chidori_cuda::calls::driver::cuMemcpyHtoDAsync_v2__call],
                 codes: chidori_cuda::desc::Codes {
@@ -8262,7 +9413,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyHtoDAsync_v2(
         }) as u32
     }
 }
-///`cuMemcpyHtoDAsync_v2_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuMemcpyHtoDAsync_v2_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpyHtoDAsync_v2_ptsz(
     dstDevice: u64,
@@ -8274,7 +9425,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyHtoDAsync_v2_ptsz(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuMemcpyHtoDAsync_v2_ptsz",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[&chidori_cuda::calls::driver::cuMemcpyHtoDAsync_v2_ptsz__call],
                 codes: chidori_cuda::desc::Codes {
@@ -8297,7 +9448,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyHtoDAsync_v2_ptsz(
         }) as u32
     }
 }
-///`cuMemcpyHtoD_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuMemcpyHtoD_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpyHtoD_v2(
     dstDevice: u64,
@@ -8308,7 +9459,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyHtoD_v2(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuMemcpyHtoD_v2",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[&chidori_cuda::calls::driver::cuMemcpyHtoD_v2__call],
                 codes: chidori_cuda::desc::Codes {
@@ -8326,7 +9477,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyHtoD_v2(
         }) as u32
     }
 }
-///`cuMemcpyHtoD_v2_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuMemcpyHtoD_v2_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpyHtoD_v2_ptds(
     dstDevice: u64,
@@ -8337,7 +9488,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyHtoD_v2_ptds(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuMemcpyHtoD_v2_ptds",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[&chidori_cuda::calls::driver::cuMemcpyHtoD_v2_ptds__call],
                 codes: chidori_cuda::desc::Codes {
@@ -8355,7 +9506,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyHtoD_v2_ptds(
         }) as u32
     }
 }
-///`cuMemcpyPeer` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemcpyPeer` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpyPeer(
     dstDevice: u64,
@@ -8377,7 +9528,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyPeer(
         ) as u32
     }
 }
-///`cuMemcpyPeerAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemcpyPeerAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpyPeerAsync(
     dstDevice: u64,
@@ -8401,7 +9552,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyPeerAsync(
         ) as u32
     }
 }
-///`cuMemcpyPeerAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemcpyPeerAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpyPeerAsync_ptsz(
     dstDevice: u64,
@@ -8425,7 +9576,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyPeerAsync_ptsz(
         ) as u32
     }
 }
-///`cuMemcpyPeer_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemcpyPeer_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpyPeer_ptds(
     dstDevice: u64,
@@ -8447,7 +9598,81 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyPeer_ptds(
         ) as u32
     }
 }
-///`cuMemcpy_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuMemcpyWithAttributesAsync` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpyWithAttributesAsync(
+    dst: u64,
+    src: u64,
+    size: usize,
+    attr: *mut c_void,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuMemcpyWithAttributesAsync",
+                version: "13.5",
+                library: "driver",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::arrays::batch_raw(
+                &CTX,
+                &[
+                    (dst) as u64,
+                    (src) as u64,
+                    (size) as u64,
+                    (attr) as usize as u64,
+                    (hStream) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cuMemcpyWithAttributesAsync_ptsz` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpyWithAttributesAsync_ptsz(
+    dst: u64,
+    src: u64,
+    size: usize,
+    attr: *mut c_void,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuMemcpyWithAttributesAsync_ptsz",
+                version: "13.5",
+                library: "driver",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::arrays::batch_raw(
+                &CTX,
+                &[
+                    (dst) as u64,
+                    (src) as u64,
+                    (size) as u64,
+                    (attr) as usize as u64,
+                    (hStream) as usize as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cuMemcpy_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpy_ptds(
     dst: u64,
@@ -8458,7 +9683,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpy_ptds(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuMemcpy_ptds",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[
                     &chidori_cuda::calls::driver::cuMemcpy_ptds__d2d,
@@ -8480,7 +9705,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpy_ptds(
         }) as u32
     }
 }
-///`cuMemsetD16` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemsetD16` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemsetD16(
     dstDevice: u32,
@@ -8494,7 +9719,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemsetD16(
         ) as u32
     }
 }
-///`cuMemsetD16Async` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cuMemsetD16Async` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemsetD16Async(
     dstDevice: u64,
@@ -8509,7 +9734,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemsetD16Async(
         ) as u32
     }
 }
-///`cuMemsetD16Async_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cuMemsetD16Async_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemsetD16Async_ptsz(
     dstDevice: u64,
@@ -8524,7 +9749,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemsetD16Async_ptsz(
         ) as u32
     }
 }
-///`cuMemsetD16_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemsetD16_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemsetD16_v2(
     dstDevice: u64,
@@ -8538,7 +9763,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemsetD16_v2(
         ) as u32
     }
 }
-///`cuMemsetD16_v2_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemsetD16_v2_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemsetD16_v2_ptds(
     dstDevice: u64,
@@ -8552,7 +9777,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemsetD16_v2_ptds(
         ) as u32
     }
 }
-///`cuMemsetD2D16` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemsetD2D16` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemsetD2D16(
     dstDevice: u32,
@@ -8574,7 +9799,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemsetD2D16(
         ) as u32
     }
 }
-///`cuMemsetD2D16Async` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cuMemsetD2D16Async` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemsetD2D16Async(
     dstDevice: u64,
@@ -8598,7 +9823,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemsetD2D16Async(
         ) as u32
     }
 }
-///`cuMemsetD2D16Async_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cuMemsetD2D16Async_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemsetD2D16Async_ptsz(
     dstDevice: u64,
@@ -8622,7 +9847,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemsetD2D16Async_ptsz(
         ) as u32
     }
 }
-///`cuMemsetD2D16_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemsetD2D16_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemsetD2D16_v2(
     dstDevice: u64,
@@ -8644,7 +9869,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemsetD2D16_v2(
         ) as u32
     }
 }
-///`cuMemsetD2D16_v2_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemsetD2D16_v2_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemsetD2D16_v2_ptds(
     dstDevice: u64,
@@ -8666,7 +9891,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemsetD2D16_v2_ptds(
         ) as u32
     }
 }
-///`cuMemsetD2D32` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemsetD2D32` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemsetD2D32(
     dstDevice: u32,
@@ -8688,7 +9913,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemsetD2D32(
         ) as u32
     }
 }
-///`cuMemsetD2D32Async` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cuMemsetD2D32Async` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemsetD2D32Async(
     dstDevice: u64,
@@ -8712,7 +9937,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemsetD2D32Async(
         ) as u32
     }
 }
-///`cuMemsetD2D32Async_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cuMemsetD2D32Async_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemsetD2D32Async_ptsz(
     dstDevice: u64,
@@ -8736,7 +9961,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemsetD2D32Async_ptsz(
         ) as u32
     }
 }
-///`cuMemsetD2D32_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemsetD2D32_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemsetD2D32_v2(
     dstDevice: u64,
@@ -8758,7 +9983,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemsetD2D32_v2(
         ) as u32
     }
 }
-///`cuMemsetD2D32_v2_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemsetD2D32_v2_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemsetD2D32_v2_ptds(
     dstDevice: u64,
@@ -8780,7 +10005,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemsetD2D32_v2_ptds(
         ) as u32
     }
 }
-///`cuMemsetD2D8` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemsetD2D8` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemsetD2D8(
     dstDevice: u32,
@@ -8802,7 +10027,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemsetD2D8(
         ) as u32
     }
 }
-///`cuMemsetD2D8Async` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cuMemsetD2D8Async` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemsetD2D8Async(
     dstDevice: u64,
@@ -8826,7 +10051,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemsetD2D8Async(
         ) as u32
     }
 }
-///`cuMemsetD2D8Async_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cuMemsetD2D8Async_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemsetD2D8Async_ptsz(
     dstDevice: u64,
@@ -8850,7 +10075,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemsetD2D8Async_ptsz(
         ) as u32
     }
 }
-///`cuMemsetD2D8_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemsetD2D8_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemsetD2D8_v2(
     dstDevice: u64,
@@ -8872,7 +10097,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemsetD2D8_v2(
         ) as u32
     }
 }
-///`cuMemsetD2D8_v2_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemsetD2D8_v2_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemsetD2D8_v2_ptds(
     dstDevice: u64,
@@ -8894,7 +10119,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemsetD2D8_v2_ptds(
         ) as u32
     }
 }
-///`cuMemsetD32` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemsetD32` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemsetD32(
     dstDevice: u32,
@@ -8908,7 +10133,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemsetD32(
         ) as u32
     }
 }
-///`cuMemsetD32Async` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cuMemsetD32Async` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemsetD32Async(
     dstDevice: u64,
@@ -8923,7 +10148,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemsetD32Async(
         ) as u32
     }
 }
-///`cuMemsetD32Async_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cuMemsetD32Async_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemsetD32Async_ptsz(
     dstDevice: u64,
@@ -8938,7 +10163,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemsetD32Async_ptsz(
         ) as u32
     }
 }
-///`cuMemsetD32_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemsetD32_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemsetD32_v2(
     dstDevice: u64,
@@ -8952,7 +10177,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemsetD32_v2(
         ) as u32
     }
 }
-///`cuMemsetD32_v2_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemsetD32_v2_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemsetD32_v2_ptds(
     dstDevice: u64,
@@ -8966,7 +10191,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemsetD32_v2_ptds(
         ) as u32
     }
 }
-///`cuMemsetD8` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemsetD8` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemsetD8(
     dstDevice: u32,
@@ -8980,7 +10205,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemsetD8(
         ) as u32
     }
 }
-///`cuMemsetD8Async` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cuMemsetD8Async` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemsetD8Async(
     dstDevice: u64,
@@ -8995,7 +10220,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemsetD8Async(
         ) as u32
     }
 }
-///`cuMemsetD8Async_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cuMemsetD8Async_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemsetD8Async_ptsz(
     dstDevice: u64,
@@ -9010,7 +10235,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemsetD8Async_ptsz(
         ) as u32
     }
 }
-///`cuMemsetD8_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemsetD8_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemsetD8_v2(
     dstDevice: u64,
@@ -9024,7 +10249,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemsetD8_v2(
         ) as u32
     }
 }
-///`cuMemsetD8_v2_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemsetD8_v2_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemsetD8_v2_ptds(
     dstDevice: u64,
@@ -9038,7 +10263,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemsetD8_v2_ptds(
         ) as u32
     }
 }
-///`cuMipmappedArrayCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMipmappedArrayCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMipmappedArrayCreate(
     pHandle: *mut c_void,
@@ -9056,7 +10281,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMipmappedArrayCreate(
         ) as u32
     }
 }
-///`cuMipmappedArrayDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMipmappedArrayDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMipmappedArrayDestroy(
     hMipmappedArray: *mut c_void,
@@ -9068,7 +10293,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMipmappedArrayDestroy(
         ) as u32
     }
 }
-///`cuMipmappedArrayGetLevel` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMipmappedArrayGetLevel` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMipmappedArrayGetLevel(
     pLevelArray: *mut c_void,
@@ -9086,7 +10311,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMipmappedArrayGetLevel(
         ) as u32
     }
 }
-///`cuMipmappedArrayGetMemoryRequirements` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMipmappedArrayGetMemoryRequirements` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMipmappedArrayGetMemoryRequirements(
     memoryRequirements: *mut c_void,
@@ -9104,7 +10329,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMipmappedArrayGetMemoryRequirements(
         ) as u32
     }
 }
-///`cuMipmappedArrayGetSparseProperties` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMipmappedArrayGetSparseProperties` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMipmappedArrayGetSparseProperties(
     sparseProperties: *mut c_void,
@@ -9117,7 +10342,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMipmappedArrayGetSparseProperties(
         ) as u32
     }
 }
-///`cuModuleEnumerateFunctions` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuModuleEnumerateFunctions` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuModuleEnumerateFunctions(
     functions: *mut c_void,
@@ -9135,7 +10360,7 @@ pub unsafe extern "C" fn __chidori_driver_cuModuleEnumerateFunctions(
         ) as u32
     }
 }
-///`cuModuleGetFunction` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuModuleGetFunction` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuModuleGetFunction(
     hfunc: *mut c_void,
@@ -9145,7 +10370,7 @@ pub unsafe extern "C" fn __chidori_driver_cuModuleGetFunction(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuModuleGetFunction",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[&chidori_cuda::calls::driver::cuModuleGetFunction__call],
             codes: chidori_cuda::desc::Codes {
@@ -9159,7 +10384,7 @@ pub unsafe extern "C" fn __chidori_driver_cuModuleGetFunction(
         crate::custom::driver::module_get_function(&CTX, hfunc, hmod, name)
     }
 }
-///`cuModuleGetFunctionCount` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuModuleGetFunctionCount` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuModuleGetFunctionCount(
     count: *mut c_void,
@@ -9172,7 +10397,7 @@ pub unsafe extern "C" fn __chidori_driver_cuModuleGetFunctionCount(
         ) as u32
     }
 }
-///`cuModuleGetGlobal` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuModuleGetGlobal` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuModuleGetGlobal(
     dptr: *mut c_void,
@@ -9192,7 +10417,7 @@ pub unsafe extern "C" fn __chidori_driver_cuModuleGetGlobal(
         ) as u32
     }
 }
-///`cuModuleGetGlobal_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuModuleGetGlobal_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuModuleGetGlobal_v2(
     dptr: *mut c_void,
@@ -9212,7 +10437,7 @@ pub unsafe extern "C" fn __chidori_driver_cuModuleGetGlobal_v2(
         ) as u32
     }
 }
-///`cuModuleGetLoadingMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuModuleGetLoadingMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuModuleGetLoadingMode(
     mode: *mut c_void,
@@ -9224,7 +10449,7 @@ pub unsafe extern "C" fn __chidori_driver_cuModuleGetLoadingMode(
         ) as u32
     }
 }
-///`cuModuleGetSurfRef` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuModuleGetSurfRef` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuModuleGetSurfRef(
     pSurfRef: *mut c_void,
@@ -9238,7 +10463,7 @@ pub unsafe extern "C" fn __chidori_driver_cuModuleGetSurfRef(
         ) as u32
     }
 }
-///`cuModuleGetTexRef` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuModuleGetTexRef` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuModuleGetTexRef(
     pTexRef: *mut c_void,
@@ -9252,7 +10477,7 @@ pub unsafe extern "C" fn __chidori_driver_cuModuleGetTexRef(
         ) as u32
     }
 }
-///`cuModuleLoad` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuModuleLoad` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuModuleLoad(
     module: *mut c_void,
@@ -9260,7 +10485,7 @@ pub unsafe extern "C" fn __chidori_driver_cuModuleLoad(
 ) -> u32 {
     unsafe { crate::custom::driver::cuModuleLoad(module, fname) }
 }
-///`cuModuleLoadData` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuModuleLoadData` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuModuleLoadData(
     module: *mut c_void,
@@ -9268,7 +10493,7 @@ pub unsafe extern "C" fn __chidori_driver_cuModuleLoadData(
 ) -> u32 {
     unsafe { crate::custom::driver::cuModuleLoadData(module, image) }
 }
-///`cuModuleLoadDataEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuModuleLoadDataEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuModuleLoadDataEx(
     module: *mut c_void,
@@ -9287,7 +10512,7 @@ pub unsafe extern "C" fn __chidori_driver_cuModuleLoadDataEx(
         )
     }
 }
-///`cuModuleLoadFatBinary` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuModuleLoadFatBinary` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuModuleLoadFatBinary(
     module: *mut c_void,
@@ -9295,12 +10520,12 @@ pub unsafe extern "C" fn __chidori_driver_cuModuleLoadFatBinary(
 ) -> u32 {
     unsafe { crate::custom::driver::cuModuleLoadFatBinary(module, fatCubin) }
 }
-///`cuModuleUnload` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`cuModuleUnload` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuModuleUnload(hmod: *mut c_void) -> u32 {
     unsafe { crate::custom::driver::cuModuleUnload(hmod) }
 }
-///`cuMulticastAddDevice` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMulticastAddDevice` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMulticastAddDevice(
     mcHandle: u64,
@@ -9313,7 +10538,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMulticastAddDevice(
         ) as u32
     }
 }
-///`cuMulticastBindAddr` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMulticastBindAddr` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMulticastBindAddr(
     mcHandle: u64,
@@ -9335,7 +10560,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMulticastBindAddr(
         ) as u32
     }
 }
-///`cuMulticastBindAddr_v2` for CUDA 13.1 (sync).
+///`cuMulticastBindAddr_v2` for CUDA 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMulticastBindAddr_v2(
     mcHandle: u64,
@@ -9359,7 +10584,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMulticastBindAddr_v2(
         ) as u32
     }
 }
-///`cuMulticastBindMem` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMulticastBindMem` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMulticastBindMem(
     mcHandle: u64,
@@ -9383,7 +10608,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMulticastBindMem(
         ) as u32
     }
 }
-///`cuMulticastBindMem_v2` for CUDA 13.1 (sync).
+///`cuMulticastBindMem_v2` for CUDA 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMulticastBindMem_v2(
     mcHandle: u64,
@@ -9409,7 +10634,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMulticastBindMem_v2(
         ) as u32
     }
 }
-///`cuMulticastCreate` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMulticastCreate` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMulticastCreate(
     mcHandle: *mut c_void,
@@ -9422,7 +10647,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMulticastCreate(
         ) as u32
     }
 }
-///`cuMulticastGetGranularity` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMulticastGetGranularity` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMulticastGetGranularity(
     granularity: *mut c_void,
@@ -9436,7 +10661,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMulticastGetGranularity(
         ) as u32
     }
 }
-///`cuMulticastUnbind` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMulticastUnbind` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMulticastUnbind(
     mcHandle: u64,
@@ -9451,7 +10676,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMulticastUnbind(
         ) as u32
     }
 }
-///`cuOccupancyAvailableDynamicSMemPerBlock` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuOccupancyAvailableDynamicSMemPerBlock` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuOccupancyAvailableDynamicSMemPerBlock(
     dynamicSmemSize: *mut c_void,
@@ -9471,7 +10696,7 @@ pub unsafe extern "C" fn __chidori_driver_cuOccupancyAvailableDynamicSMemPerBloc
         ) as u32
     }
 }
-///`cuOccupancyMaxActiveBlocksPerMultiprocessor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuOccupancyMaxActiveBlocksPerMultiprocessor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuOccupancyMaxActiveBlocksPerMultiprocessor(
     numBlocks: *mut c_void,
@@ -9491,7 +10716,7 @@ pub unsafe extern "C" fn __chidori_driver_cuOccupancyMaxActiveBlocksPerMultiproc
         ) as u32
     }
 }
-///`cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
     numBlocks: *mut c_void,
@@ -9633,7 +10858,31 @@ pub unsafe extern "C" fn __chidori_driver_cuOccupancyMaxActiveClusters__cu130(
         crate::custom::driver::max_active_clusters(&CTX, numClusters, func, config)
     }
 }
-///`cuOccupancyMaxPotentialBlockSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuOccupancyMaxActiveClusters` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuOccupancyMaxActiveClusters__cu135(
+    numClusters: *mut c_void,
+    func: *mut c_void,
+    config: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuOccupancyMaxActiveClusters",
+            version: "13.5",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::max_active_clusters(&CTX, numClusters, func, config)
+    }
+}
+///`cuOccupancyMaxPotentialBlockSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuOccupancyMaxPotentialBlockSize(
     minGridSize: *mut c_void,
@@ -9646,7 +10895,7 @@ pub unsafe extern "C" fn __chidori_driver_cuOccupancyMaxPotentialBlockSize(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuOccupancyMaxPotentialBlockSize",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -9668,7 +10917,7 @@ pub unsafe extern "C" fn __chidori_driver_cuOccupancyMaxPotentialBlockSize(
         )
     }
 }
-///`cuOccupancyMaxPotentialBlockSizeWithFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuOccupancyMaxPotentialBlockSizeWithFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuOccupancyMaxPotentialBlockSizeWithFlags(
     minGridSize: *mut c_void,
@@ -9682,7 +10931,7 @@ pub unsafe extern "C" fn __chidori_driver_cuOccupancyMaxPotentialBlockSizeWithFl
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuOccupancyMaxPotentialBlockSizeWithFlags",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -9850,7 +11099,36 @@ pub unsafe extern "C" fn __chidori_driver_cuOccupancyMaxPotentialClusterSize__cu
         )
     }
 }
-///`cuParamSetSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuOccupancyMaxPotentialClusterSize` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuOccupancyMaxPotentialClusterSize__cu135(
+    clusterSize: *mut c_void,
+    func: *mut c_void,
+    config: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuOccupancyMaxPotentialClusterSize",
+            version: "13.5",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::max_potential_cluster_size(
+            &CTX,
+            clusterSize,
+            func,
+            config,
+        )
+    }
+}
+///`cuParamSetSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuParamSetSize(
     hfunc: *mut c_void,
@@ -9863,7 +11141,7 @@ pub unsafe extern "C" fn __chidori_driver_cuParamSetSize(
         ) as u32
     }
 }
-///`cuParamSetTexRef` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuParamSetTexRef` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuParamSetTexRef(
     hfunc: *mut c_void,
@@ -9881,7 +11159,7 @@ pub unsafe extern "C" fn __chidori_driver_cuParamSetTexRef(
         ) as u32
     }
 }
-///`cuParamSetf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuParamSetf` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuParamSetf(
     hfunc: *mut c_void,
@@ -9895,7 +11173,7 @@ pub unsafe extern "C" fn __chidori_driver_cuParamSetf(
         ) as u32
     }
 }
-///`cuParamSeti` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuParamSeti` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuParamSeti(
     hfunc: *mut c_void,
@@ -9909,7 +11187,7 @@ pub unsafe extern "C" fn __chidori_driver_cuParamSeti(
         ) as u32
     }
 }
-///`cuParamSetv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuParamSetv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuParamSetv(
     hfunc: *mut c_void,
@@ -9929,7 +11207,7 @@ pub unsafe extern "C" fn __chidori_driver_cuParamSetv(
         ) as u32
     }
 }
-///`cuPointerGetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`cuPointerGetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuPointerGetAttribute(
     data: *mut c_void,
@@ -9938,7 +11216,7 @@ pub unsafe extern "C" fn __chidori_driver_cuPointerGetAttribute(
 ) -> u32 {
     unsafe { crate::custom::driver::cuPointerGetAttribute(data, attribute, ptr) }
 }
-///`cuPointerGetAttributes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`cuPointerGetAttributes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuPointerGetAttributes(
     numAttributes: u32,
@@ -9949,7 +11227,7 @@ pub unsafe extern "C" fn __chidori_driver_cuPointerGetAttributes(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuPointerGetAttributes",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -9969,7 +11247,7 @@ pub unsafe extern "C" fn __chidori_driver_cuPointerGetAttributes(
         )
     }
 }
-///`cuPointerSetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuPointerSetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuPointerSetAttribute(
     value: *mut c_void,
@@ -9983,17 +11261,17 @@ pub unsafe extern "C" fn __chidori_driver_cuPointerSetAttribute(
         ) as u32
     }
 }
-///`cuProfilerStart` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`cuProfilerStart` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuProfilerStart() -> u32 {
     unsafe { crate::custom::driver::cuProfilerStart() }
 }
-///`cuProfilerStop` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`cuProfilerStop` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuProfilerStop() -> u32 {
     unsafe { crate::custom::driver::cuProfilerStop() }
 }
-///`cuStreamAddCallback` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuStreamAddCallback` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamAddCallback(
     hStream: *mut c_void,
@@ -10004,7 +11282,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamAddCallback(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuStreamAddCallback",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[&chidori_cuda::calls::driver::cuStreamAddCallback__host],
             codes: chidori_cuda::desc::Codes {
@@ -10024,7 +11302,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamAddCallback(
         )
     }
 }
-///`cuStreamAddCallback_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuStreamAddCallback_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamAddCallback_ptsz(
     hStream: *mut c_void,
@@ -10035,7 +11313,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamAddCallback_ptsz(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuStreamAddCallback_ptsz",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[&chidori_cuda::calls::driver::cuStreamAddCallback_ptsz__host],
             codes: chidori_cuda::desc::Codes {
@@ -10055,7 +11333,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamAddCallback_ptsz(
         )
     }
 }
-///`cuStreamAttachMemAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuStreamAttachMemAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamAttachMemAsync(
     hStream: *mut c_void,
@@ -10070,7 +11348,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamAttachMemAsync(
         ) as u32
     }
 }
-///`cuStreamAttachMemAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuStreamAttachMemAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamAttachMemAsync_ptsz(
     hStream: *mut c_void,
@@ -10105,7 +11383,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamBatchMemOp__cu118(
         ) as u32
     }
 }
-///`cuStreamBatchMemOp` for CUDA 13.1 (async).
+///`cuStreamBatchMemOp` for CUDA 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamBatchMemOp__cu131(
     stream: *mut c_void,
@@ -10145,7 +11423,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamBatchMemOp_ptsz__cu118(
         ) as u32
     }
 }
-///`cuStreamBatchMemOp_ptsz` for CUDA 13.1 (async).
+///`cuStreamBatchMemOp_ptsz` for CUDA 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamBatchMemOp_ptsz__cu131(
     stream: *mut c_void,
@@ -10185,7 +11463,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamBatchMemOp_v2__cu118(
         ) as u32
     }
 }
-///`cuStreamBatchMemOp_v2` for CUDA 13.1 (async).
+///`cuStreamBatchMemOp_v2` for CUDA 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamBatchMemOp_v2__cu131(
     stream: *mut c_void,
@@ -10225,7 +11503,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamBatchMemOp_v2_ptsz__cu118(
         ) as u32
     }
 }
-///`cuStreamBatchMemOp_v2_ptsz` for CUDA 13.1 (async).
+///`cuStreamBatchMemOp_v2_ptsz` for CUDA 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamBatchMemOp_v2_ptsz__cu131(
     stream: *mut c_void,
@@ -10245,7 +11523,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamBatchMemOp_v2_ptsz__cu131(
         ) as u32
     }
 }
-///`cuStreamBeginCapture` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuStreamBeginCapture` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamBeginCapture(
     hStream: *mut c_void,
@@ -10253,7 +11531,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamBeginCapture(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuStreamBeginCapture",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[
                 &chidori_cuda::calls::driver::cuStreamBeginCapture__async,
@@ -10270,7 +11548,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamBeginCapture(
         crate::custom::capture::begin_capture_without_mode(&CTX, hStream)
     }
 }
-///`cuStreamBeginCaptureToGraph` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuStreamBeginCaptureToGraph` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamBeginCaptureToGraph(
     hStream: *mut c_void,
@@ -10283,7 +11561,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamBeginCaptureToGraph(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuStreamBeginCaptureToGraph",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[&chidori_cuda::calls::driver::cuStreamBeginCaptureToGraph__call],
             codes: chidori_cuda::desc::Codes {
@@ -10305,7 +11583,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamBeginCaptureToGraph(
         )
     }
 }
-///`cuStreamBeginCaptureToGraph_ptsz` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuStreamBeginCaptureToGraph_ptsz` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamBeginCaptureToGraph_ptsz(
     hStream: *mut c_void,
@@ -10318,7 +11596,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamBeginCaptureToGraph_ptsz(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuStreamBeginCaptureToGraph_ptsz",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[
                 &chidori_cuda::calls::driver::cuStreamBeginCaptureToGraph_ptsz__call,
@@ -10342,7 +11620,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamBeginCaptureToGraph_ptsz(
         )
     }
 }
-///`cuStreamBeginCapture_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuStreamBeginCapture_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamBeginCapture_ptsz(
     hStream: *mut c_void,
@@ -10350,7 +11628,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamBeginCapture_ptsz(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuStreamBeginCapture_ptsz",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[
                 &chidori_cuda::calls::driver::cuStreamBeginCapture_ptsz__async,
@@ -10367,7 +11645,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamBeginCapture_ptsz(
         crate::custom::capture::begin_capture_without_mode(&CTX, hStream)
     }
 }
-///`cuStreamBeginCapture_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuStreamBeginCapture_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamBeginCapture_v2(
     hStream: *mut c_void,
@@ -10376,7 +11654,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamBeginCapture_v2(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuStreamBeginCapture_v2",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[
                 &chidori_cuda::calls::driver::cuStreamBeginCapture_v2__async,
@@ -10393,7 +11671,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamBeginCapture_v2(
         crate::custom::capture::begin_capture(&CTX, hStream, mode)
     }
 }
-///`cuStreamBeginCapture_v2_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuStreamBeginCapture_v2_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamBeginCapture_v2_ptsz(
     hStream: *mut c_void,
@@ -10402,7 +11680,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamBeginCapture_v2_ptsz(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuStreamBeginCapture_v2_ptsz",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[
                 &chidori_cuda::calls::driver::cuStreamBeginCapture_v2_ptsz__async,
@@ -10419,7 +11697,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamBeginCapture_v2_ptsz(
         crate::custom::capture::begin_capture(&CTX, hStream, mode)
     }
 }
-///`cuStreamCopyAttributes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuStreamCopyAttributes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamCopyAttributes(
     dst: *mut c_void,
@@ -10432,7 +11710,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamCopyAttributes(
         ) as u32
     }
 }
-///`cuStreamCopyAttributes_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuStreamCopyAttributes_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamCopyAttributes_ptsz(
     dst: *mut c_void,
@@ -10445,7 +11723,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamCopyAttributes_ptsz(
         ) as u32
     }
 }
-///`cuStreamCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuStreamCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamCreate(
     phStream: *mut c_void,
@@ -10455,7 +11733,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamCreate(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuStreamCreate",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[
                     &chidori_cuda::calls::driver::cuStreamCreate__async,
@@ -10476,7 +11754,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamCreate(
         }) as u32
     }
 }
-///`cuStreamCreateWithPriority` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuStreamCreateWithPriority` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamCreateWithPriority(
     phStream: *mut c_void,
@@ -10487,7 +11765,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamCreateWithPriority(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuStreamCreateWithPriority",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[
                     &chidori_cuda::calls::driver::cuStreamCreateWithPriority__async,
@@ -10508,7 +11786,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamCreateWithPriority(
         }) as u32
     }
 }
-///`cuStreamDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuStreamDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamDestroy(hStream: *mut c_void) -> u32 {
     unsafe {
@@ -10518,7 +11796,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamDestroy(hStream: *mut c_void) 
         ) as u32
     }
 }
-///`cuStreamDestroy_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuStreamDestroy_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamDestroy_v2(
     hStream: *mut c_void,
@@ -10530,7 +11808,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamDestroy_v2(
         ) as u32
     }
 }
-///`cuStreamEndCapture` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuStreamEndCapture` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamEndCapture(
     hStream: *mut c_void,
@@ -10539,7 +11817,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamEndCapture(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuStreamEndCapture",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[&chidori_cuda::calls::driver::cuStreamEndCapture__call],
             codes: chidori_cuda::desc::Codes {
@@ -10553,7 +11831,31 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamEndCapture(
         crate::custom::capture::end_capture(&CTX, hStream, phGraph)
     }
 }
-///`cuStreamEndCapture_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuStreamEndCaptureToCig` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamEndCaptureToCig(
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamEndCaptureToCig,
+            &[(hStream) as usize as u64],
+        ) as u32
+    }
+}
+///`cuStreamEndCaptureToCig_ptsz` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamEndCaptureToCig_ptsz(
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamEndCaptureToCig_ptsz,
+            &[(hStream) as usize as u64],
+        ) as u32
+    }
+}
+///`cuStreamEndCapture_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamEndCapture_ptsz(
     hStream: *mut c_void,
@@ -10562,7 +11864,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamEndCapture_ptsz(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuStreamEndCapture_ptsz",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[&chidori_cuda::calls::driver::cuStreamEndCapture_ptsz__call],
             codes: chidori_cuda::desc::Codes {
@@ -10646,6 +11948,20 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamGetAttribute__cu130(
         ) as u32
     }
 }
+///`cuStreamGetAttribute` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamGetAttribute__cu135(
+    hStream: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamGetAttribute__cu135,
+            &[(hStream) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
+    }
+}
 ///`cuStreamGetAttribute_ptsz` for CUDA 11.8 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamGetAttribute_ptsz__cu118(
@@ -10716,7 +12032,21 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamGetAttribute_ptsz__cu130(
         ) as u32
     }
 }
-///`cuStreamGetCaptureInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuStreamGetAttribute_ptsz` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamGetAttribute_ptsz__cu135(
+    hStream: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamGetAttribute_ptsz__cu135,
+            &[(hStream) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
+    }
+}
+///`cuStreamGetCaptureInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamGetCaptureInfo(
     hStream: *mut c_void,
@@ -10734,7 +12064,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamGetCaptureInfo(
         ) as u32
     }
 }
-///`cuStreamGetCaptureInfo_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuStreamGetCaptureInfo_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamGetCaptureInfo_ptsz(
     hStream: *mut c_void,
@@ -10752,7 +12082,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamGetCaptureInfo_ptsz(
         ) as u32
     }
 }
-///`cuStreamGetCaptureInfo_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuStreamGetCaptureInfo_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamGetCaptureInfo_v2(
     hStream: *mut c_void,
@@ -10765,7 +12095,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamGetCaptureInfo_v2(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuStreamGetCaptureInfo_v2",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -10787,7 +12117,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamGetCaptureInfo_v2(
         )
     }
 }
-///`cuStreamGetCaptureInfo_v2_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuStreamGetCaptureInfo_v2_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamGetCaptureInfo_v2_ptsz(
     hStream: *mut c_void,
@@ -10800,7 +12130,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamGetCaptureInfo_v2_ptsz(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuStreamGetCaptureInfo_v2_ptsz",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -10822,7 +12152,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamGetCaptureInfo_v2_ptsz(
         )
     }
 }
-///`cuStreamGetCaptureInfo_v3` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuStreamGetCaptureInfo_v3` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamGetCaptureInfo_v3(
     hStream: *mut c_void,
@@ -10836,7 +12166,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamGetCaptureInfo_v3(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuStreamGetCaptureInfo_v3",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -10859,7 +12189,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamGetCaptureInfo_v3(
         )
     }
 }
-///`cuStreamGetCaptureInfo_v3_ptsz` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuStreamGetCaptureInfo_v3_ptsz` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamGetCaptureInfo_v3_ptsz(
     hStream: *mut c_void,
@@ -10873,7 +12203,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamGetCaptureInfo_v3_ptsz(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuStreamGetCaptureInfo_v3_ptsz",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -10896,7 +12226,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamGetCaptureInfo_v3_ptsz(
         )
     }
 }
-///`cuStreamGetCtx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuStreamGetCtx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamGetCtx(
     hStream: *mut c_void,
@@ -10909,7 +12239,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamGetCtx(
         ) as u32
     }
 }
-///`cuStreamGetCtx_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuStreamGetCtx_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamGetCtx_ptsz(
     hStream: *mut c_void,
@@ -10922,7 +12252,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamGetCtx_ptsz(
         ) as u32
     }
 }
-///`cuStreamGetCtx_v2` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuStreamGetCtx_v2` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamGetCtx_v2(
     hStream: *mut c_void,
@@ -10940,7 +12270,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamGetCtx_v2(
         ) as u32
     }
 }
-///`cuStreamGetCtx_v2_ptsz` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuStreamGetCtx_v2_ptsz` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamGetCtx_v2_ptsz(
     hStream: *mut c_void,
@@ -10958,7 +12288,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamGetCtx_v2_ptsz(
         ) as u32
     }
 }
-///`cuStreamGetDevResource` for CUDA 13.1 (sync).
+///`cuStreamGetDevResource` for CUDA 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamGetDevResource(
     hStream: *mut c_void,
@@ -10972,7 +12302,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamGetDevResource(
         ) as u32
     }
 }
-///`cuStreamGetDevResource_ptsz` for CUDA 13.1 (sync).
+///`cuStreamGetDevResource_ptsz` for CUDA 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamGetDevResource_ptsz(
     hStream: *mut c_void,
@@ -10986,7 +12316,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamGetDevResource_ptsz(
         ) as u32
     }
 }
-///`cuStreamGetDevice` for CUDA 12.8, 13.0, 13.1 (sync).
+///`cuStreamGetDevice` for CUDA 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamGetDevice(
     hStream: *mut c_void,
@@ -10999,7 +12329,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamGetDevice(
         ) as u32
     }
 }
-///`cuStreamGetDevice_ptsz` for CUDA 12.8, 13.0, 13.1 (sync).
+///`cuStreamGetDevice_ptsz` for CUDA 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamGetDevice_ptsz(
     hStream: *mut c_void,
@@ -11012,7 +12342,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamGetDevice_ptsz(
         ) as u32
     }
 }
-///`cuStreamGetFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuStreamGetFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamGetFlags(
     hStream: *mut c_void,
@@ -11025,7 +12355,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamGetFlags(
         ) as u32
     }
 }
-///`cuStreamGetFlags_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuStreamGetFlags_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamGetFlags_ptsz(
     hStream: *mut c_void,
@@ -11038,7 +12368,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamGetFlags_ptsz(
         ) as u32
     }
 }
-///`cuStreamGetGreenCtx` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuStreamGetGreenCtx` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamGetGreenCtx(
     hStream: *mut c_void,
@@ -11051,7 +12381,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamGetGreenCtx(
         ) as u32
     }
 }
-///`cuStreamGetId` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuStreamGetId` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamGetId(
     hStream: *mut c_void,
@@ -11064,7 +12394,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamGetId(
         ) as u32
     }
 }
-///`cuStreamGetId_ptsz` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuStreamGetId_ptsz` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamGetId_ptsz(
     hStream: *mut c_void,
@@ -11077,7 +12407,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamGetId_ptsz(
         ) as u32
     }
 }
-///`cuStreamGetPriority` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuStreamGetPriority` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamGetPriority(
     hStream: *mut c_void,
@@ -11090,7 +12420,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamGetPriority(
         ) as u32
     }
 }
-///`cuStreamGetPriority_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuStreamGetPriority_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamGetPriority_ptsz(
     hStream: *mut c_void,
@@ -11103,7 +12433,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamGetPriority_ptsz(
         ) as u32
     }
 }
-///`cuStreamIsCapturing` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuStreamIsCapturing` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamIsCapturing(
     hStream: *mut c_void,
@@ -11112,7 +12442,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamIsCapturing(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuStreamIsCapturing",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[&chidori_cuda::calls::driver::cuStreamIsCapturing__call],
             codes: chidori_cuda::desc::Codes {
@@ -11126,7 +12456,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamIsCapturing(
         crate::custom::capture::stream_is_capturing(&CTX, hStream, captureStatus)
     }
 }
-///`cuStreamIsCapturing_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuStreamIsCapturing_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamIsCapturing_ptsz(
     hStream: *mut c_void,
@@ -11135,7 +12465,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamIsCapturing_ptsz(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuStreamIsCapturing_ptsz",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[&chidori_cuda::calls::driver::cuStreamIsCapturing_ptsz__call],
             codes: chidori_cuda::desc::Codes {
@@ -11149,7 +12479,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamIsCapturing_ptsz(
         crate::custom::capture::stream_is_capturing(&CTX, hStream, captureStatus)
     }
 }
-///`cuStreamQuery` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuStreamQuery` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamQuery(hStream: *mut c_void) -> u32 {
     unsafe {
@@ -11159,7 +12489,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamQuery(hStream: *mut c_void) ->
         ) as u32
     }
 }
-///`cuStreamQuery_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuStreamQuery_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamQuery_ptsz(
     hStream: *mut c_void,
@@ -11241,6 +12571,20 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamSetAttribute__cu130(
         ) as u32
     }
 }
+///`cuStreamSetAttribute` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamSetAttribute__cu135(
+    hStream: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamSetAttribute__cu135,
+            &[(hStream) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
 ///`cuStreamSetAttribute_ptsz` for CUDA 11.8 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamSetAttribute_ptsz__cu118(
@@ -11311,7 +12655,21 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamSetAttribute_ptsz__cu130(
         ) as u32
     }
 }
-///`cuStreamSynchronize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuStreamSetAttribute_ptsz` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamSetAttribute_ptsz__cu135(
+    hStream: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamSetAttribute_ptsz__cu135,
+            &[(hStream) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cuStreamSynchronize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamSynchronize(
     hStream: *mut c_void,
@@ -11319,7 +12677,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamSynchronize(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuStreamSynchronize",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[
                 &chidori_cuda::calls::driver::cuStreamSynchronize__async,
@@ -11336,7 +12694,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamSynchronize(
         crate::custom::sync::stream_synchronize(&CTX, hStream)
     }
 }
-///`cuStreamSynchronize_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuStreamSynchronize_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamSynchronize_ptsz(
     hStream: *mut c_void,
@@ -11344,7 +12702,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamSynchronize_ptsz(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuStreamSynchronize_ptsz",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[
                 &chidori_cuda::calls::driver::cuStreamSynchronize_ptsz__async,
@@ -11361,7 +12719,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamSynchronize_ptsz(
         crate::custom::sync::stream_synchronize(&CTX, hStream)
     }
 }
-///`cuStreamUpdateCaptureDependencies` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuStreamUpdateCaptureDependencies` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamUpdateCaptureDependencies(
     hStream: *mut c_void,
@@ -11381,7 +12739,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamUpdateCaptureDependencies(
         ) as u32
     }
 }
-///`cuStreamUpdateCaptureDependencies_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuStreamUpdateCaptureDependencies_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamUpdateCaptureDependencies_ptsz(
     hStream: *mut c_void,
@@ -11401,7 +12759,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamUpdateCaptureDependencies_ptsz
         ) as u32
     }
 }
-///`cuStreamUpdateCaptureDependencies_v2` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuStreamUpdateCaptureDependencies_v2` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamUpdateCaptureDependencies_v2(
     hStream: *mut c_void,
@@ -11423,7 +12781,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamUpdateCaptureDependencies_v2(
         ) as u32
     }
 }
-///`cuStreamUpdateCaptureDependencies_v2_ptsz` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuStreamUpdateCaptureDependencies_v2_ptsz` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamUpdateCaptureDependencies_v2_ptsz(
     hStream: *mut c_void,
@@ -11445,7 +12803,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamUpdateCaptureDependencies_v2_p
         ) as u32
     }
 }
-///`cuStreamWaitEvent` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cuStreamWaitEvent` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamWaitEvent(
     hStream: *mut c_void,
@@ -11459,7 +12817,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamWaitEvent(
         ) as u32
     }
 }
-///`cuStreamWaitEvent_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cuStreamWaitEvent_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamWaitEvent_ptsz(
     hStream: *mut c_void,
@@ -11473,7 +12831,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamWaitEvent_ptsz(
         ) as u32
     }
 }
-///`cuStreamWaitValue32` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuStreamWaitValue32` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamWaitValue32(
     stream: *mut c_void,
@@ -11488,7 +12846,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamWaitValue32(
         ) as u32
     }
 }
-///`cuStreamWaitValue32_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuStreamWaitValue32_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamWaitValue32_ptsz(
     stream: *mut c_void,
@@ -11503,7 +12861,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamWaitValue32_ptsz(
         ) as u32
     }
 }
-///`cuStreamWaitValue32_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuStreamWaitValue32_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamWaitValue32_v2(
     stream: *mut c_void,
@@ -11518,7 +12876,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamWaitValue32_v2(
         ) as u32
     }
 }
-///`cuStreamWaitValue32_v2_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuStreamWaitValue32_v2_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamWaitValue32_v2_ptsz(
     stream: *mut c_void,
@@ -11533,7 +12891,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamWaitValue32_v2_ptsz(
         ) as u32
     }
 }
-///`cuStreamWaitValue64` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuStreamWaitValue64` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamWaitValue64(
     stream: *mut c_void,
@@ -11548,7 +12906,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamWaitValue64(
         ) as u32
     }
 }
-///`cuStreamWaitValue64_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuStreamWaitValue64_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamWaitValue64_ptsz(
     stream: *mut c_void,
@@ -11563,7 +12921,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamWaitValue64_ptsz(
         ) as u32
     }
 }
-///`cuStreamWaitValue64_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuStreamWaitValue64_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamWaitValue64_v2(
     stream: *mut c_void,
@@ -11578,7 +12936,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamWaitValue64_v2(
         ) as u32
     }
 }
-///`cuStreamWaitValue64_v2_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuStreamWaitValue64_v2_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamWaitValue64_v2_ptsz(
     stream: *mut c_void,
@@ -11593,7 +12951,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamWaitValue64_v2_ptsz(
         ) as u32
     }
 }
-///`cuStreamWriteValue32` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuStreamWriteValue32` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamWriteValue32(
     stream: *mut c_void,
@@ -11608,7 +12966,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamWriteValue32(
         ) as u32
     }
 }
-///`cuStreamWriteValue32_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuStreamWriteValue32_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamWriteValue32_ptsz(
     stream: *mut c_void,
@@ -11623,7 +12981,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamWriteValue32_ptsz(
         ) as u32
     }
 }
-///`cuStreamWriteValue32_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuStreamWriteValue32_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamWriteValue32_v2(
     stream: *mut c_void,
@@ -11638,7 +12996,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamWriteValue32_v2(
         ) as u32
     }
 }
-///`cuStreamWriteValue32_v2_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuStreamWriteValue32_v2_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamWriteValue32_v2_ptsz(
     stream: *mut c_void,
@@ -11653,7 +13011,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamWriteValue32_v2_ptsz(
         ) as u32
     }
 }
-///`cuStreamWriteValue64` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuStreamWriteValue64` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamWriteValue64(
     stream: *mut c_void,
@@ -11668,7 +13026,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamWriteValue64(
         ) as u32
     }
 }
-///`cuStreamWriteValue64_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuStreamWriteValue64_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamWriteValue64_ptsz(
     stream: *mut c_void,
@@ -11683,7 +13041,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamWriteValue64_ptsz(
         ) as u32
     }
 }
-///`cuStreamWriteValue64_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuStreamWriteValue64_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamWriteValue64_v2(
     stream: *mut c_void,
@@ -11698,7 +13056,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamWriteValue64_v2(
         ) as u32
     }
 }
-///`cuStreamWriteValue64_v2_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuStreamWriteValue64_v2_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamWriteValue64_v2_ptsz(
     stream: *mut c_void,
@@ -11713,7 +13071,7 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamWriteValue64_v2_ptsz(
         ) as u32
     }
 }
-///`cuSurfObjectCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuSurfObjectCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuSurfObjectCreate(
     pSurfObject: *mut c_void,
@@ -11726,7 +13084,7 @@ pub unsafe extern "C" fn __chidori_driver_cuSurfObjectCreate(
         ) as u32
     }
 }
-///`cuSurfObjectDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuSurfObjectDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuSurfObjectDestroy(surfObject: u64) -> u32 {
     unsafe {
@@ -11736,7 +13094,7 @@ pub unsafe extern "C" fn __chidori_driver_cuSurfObjectDestroy(surfObject: u64) -
         ) as u32
     }
 }
-///`cuSurfObjectGetResourceDesc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuSurfObjectGetResourceDesc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuSurfObjectGetResourceDesc(
     pResDesc: *mut c_void,
@@ -11749,7 +13107,7 @@ pub unsafe extern "C" fn __chidori_driver_cuSurfObjectGetResourceDesc(
         ) as u32
     }
 }
-///`cuSurfRefGetArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuSurfRefGetArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuSurfRefGetArray(
     phArray: *mut c_void,
@@ -11762,7 +13120,7 @@ pub unsafe extern "C" fn __chidori_driver_cuSurfRefGetArray(
         ) as u32
     }
 }
-///`cuSurfRefSetArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuSurfRefSetArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuSurfRefSetArray(
     hSurfRef: *mut c_void,
@@ -11776,7 +13134,7 @@ pub unsafe extern "C" fn __chidori_driver_cuSurfRefSetArray(
         ) as u32
     }
 }
-///`cuTensorMapEncodeIm2col` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuTensorMapEncodeIm2col` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuTensorMapEncodeIm2col(
     tensorMap: *mut c_void,
@@ -11818,7 +13176,7 @@ pub unsafe extern "C" fn __chidori_driver_cuTensorMapEncodeIm2col(
         ) as u32
     }
 }
-///`cuTensorMapEncodeIm2colWide` for CUDA 12.8, 13.0, 13.1 (sync).
+///`cuTensorMapEncodeIm2colWide` for CUDA 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuTensorMapEncodeIm2colWide(
     tensorMap: *mut c_void,
@@ -11862,7 +13220,7 @@ pub unsafe extern "C" fn __chidori_driver_cuTensorMapEncodeIm2colWide(
         ) as u32
     }
 }
-///`cuTensorMapEncodeTiled` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuTensorMapEncodeTiled` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuTensorMapEncodeTiled(
     tensorMap: *mut c_void,
@@ -11898,7 +13256,7 @@ pub unsafe extern "C" fn __chidori_driver_cuTensorMapEncodeTiled(
         ) as u32
     }
 }
-///`cuTensorMapReplaceAddress` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuTensorMapReplaceAddress` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuTensorMapReplaceAddress(
     tensorMap: *mut c_void,
@@ -11911,7 +13269,7 @@ pub unsafe extern "C" fn __chidori_driver_cuTensorMapReplaceAddress(
         ) as u32
     }
 }
-///`cuTexObjectCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuTexObjectCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuTexObjectCreate(
     pTexObject: *mut c_void,
@@ -11931,7 +13289,7 @@ pub unsafe extern "C" fn __chidori_driver_cuTexObjectCreate(
         ) as u32
     }
 }
-///`cuTexObjectDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuTexObjectDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuTexObjectDestroy(texObject: u64) -> u32 {
     unsafe {
@@ -11941,7 +13299,7 @@ pub unsafe extern "C" fn __chidori_driver_cuTexObjectDestroy(texObject: u64) -> 
         ) as u32
     }
 }
-///`cuTexObjectGetResourceDesc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuTexObjectGetResourceDesc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuTexObjectGetResourceDesc(
     pResDesc: *mut c_void,
@@ -11954,7 +13312,7 @@ pub unsafe extern "C" fn __chidori_driver_cuTexObjectGetResourceDesc(
         ) as u32
     }
 }
-///`cuTexObjectGetResourceViewDesc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuTexObjectGetResourceViewDesc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuTexObjectGetResourceViewDesc(
     pResViewDesc: *mut c_void,
@@ -11967,7 +13325,7 @@ pub unsafe extern "C" fn __chidori_driver_cuTexObjectGetResourceViewDesc(
         ) as u32
     }
 }
-///`cuTexObjectGetTextureDesc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuTexObjectGetTextureDesc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuTexObjectGetTextureDesc(
     pTexDesc: *mut c_void,
@@ -11980,7 +13338,7 @@ pub unsafe extern "C" fn __chidori_driver_cuTexObjectGetTextureDesc(
         ) as u32
     }
 }
-///`cuTexRefCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuTexRefCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuTexRefCreate(pTexRef: *mut c_void) -> u32 {
     unsafe {
@@ -11990,7 +13348,7 @@ pub unsafe extern "C" fn __chidori_driver_cuTexRefCreate(pTexRef: *mut c_void) -
         ) as u32
     }
 }
-///`cuTexRefDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuTexRefDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuTexRefDestroy(hTexRef: *mut c_void) -> u32 {
     unsafe {
@@ -12000,7 +13358,7 @@ pub unsafe extern "C" fn __chidori_driver_cuTexRefDestroy(hTexRef: *mut c_void) 
         ) as u32
     }
 }
-///`cuTexRefGetAddress` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuTexRefGetAddress` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuTexRefGetAddress(
     pdptr: *mut c_void,
@@ -12013,7 +13371,7 @@ pub unsafe extern "C" fn __chidori_driver_cuTexRefGetAddress(
         ) as u32
     }
 }
-///`cuTexRefGetAddressMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuTexRefGetAddressMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuTexRefGetAddressMode(
     pam: *mut c_void,
@@ -12027,7 +13385,7 @@ pub unsafe extern "C" fn __chidori_driver_cuTexRefGetAddressMode(
         ) as u32
     }
 }
-///`cuTexRefGetAddress_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuTexRefGetAddress_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuTexRefGetAddress_v2(
     pdptr: *mut c_void,
@@ -12040,7 +13398,7 @@ pub unsafe extern "C" fn __chidori_driver_cuTexRefGetAddress_v2(
         ) as u32
     }
 }
-///`cuTexRefGetArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuTexRefGetArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuTexRefGetArray(
     phArray: *mut c_void,
@@ -12053,7 +13411,7 @@ pub unsafe extern "C" fn __chidori_driver_cuTexRefGetArray(
         ) as u32
     }
 }
-///`cuTexRefGetBorderColor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuTexRefGetBorderColor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuTexRefGetBorderColor(
     pBorderColor: *mut c_void,
@@ -12066,7 +13424,7 @@ pub unsafe extern "C" fn __chidori_driver_cuTexRefGetBorderColor(
         ) as u32
     }
 }
-///`cuTexRefGetFilterMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuTexRefGetFilterMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuTexRefGetFilterMode(
     pfm: *mut c_void,
@@ -12079,7 +13437,7 @@ pub unsafe extern "C" fn __chidori_driver_cuTexRefGetFilterMode(
         ) as u32
     }
 }
-///`cuTexRefGetFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuTexRefGetFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuTexRefGetFlags(
     pFlags: *mut c_void,
@@ -12092,7 +13450,7 @@ pub unsafe extern "C" fn __chidori_driver_cuTexRefGetFlags(
         ) as u32
     }
 }
-///`cuTexRefGetFormat` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuTexRefGetFormat` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuTexRefGetFormat(
     pFormat: *mut c_void,
@@ -12110,7 +13468,7 @@ pub unsafe extern "C" fn __chidori_driver_cuTexRefGetFormat(
         ) as u32
     }
 }
-///`cuTexRefGetMaxAnisotropy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuTexRefGetMaxAnisotropy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuTexRefGetMaxAnisotropy(
     pmaxAniso: *mut c_void,
@@ -12123,7 +13481,7 @@ pub unsafe extern "C" fn __chidori_driver_cuTexRefGetMaxAnisotropy(
         ) as u32
     }
 }
-///`cuTexRefGetMipmapFilterMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuTexRefGetMipmapFilterMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuTexRefGetMipmapFilterMode(
     pfm: *mut c_void,
@@ -12136,7 +13494,7 @@ pub unsafe extern "C" fn __chidori_driver_cuTexRefGetMipmapFilterMode(
         ) as u32
     }
 }
-///`cuTexRefGetMipmapLevelBias` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuTexRefGetMipmapLevelBias` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuTexRefGetMipmapLevelBias(
     pbias: *mut c_void,
@@ -12149,7 +13507,7 @@ pub unsafe extern "C" fn __chidori_driver_cuTexRefGetMipmapLevelBias(
         ) as u32
     }
 }
-///`cuTexRefGetMipmapLevelClamp` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuTexRefGetMipmapLevelClamp` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuTexRefGetMipmapLevelClamp(
     pminMipmapLevelClamp: *mut c_void,
@@ -12167,7 +13525,7 @@ pub unsafe extern "C" fn __chidori_driver_cuTexRefGetMipmapLevelClamp(
         ) as u32
     }
 }
-///`cuTexRefGetMipmappedArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuTexRefGetMipmappedArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuTexRefGetMipmappedArray(
     phMipmappedArray: *mut c_void,
@@ -12180,7 +13538,7 @@ pub unsafe extern "C" fn __chidori_driver_cuTexRefGetMipmappedArray(
         ) as u32
     }
 }
-///`cuTexRefSetAddress` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuTexRefSetAddress` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuTexRefSetAddress(
     ByteOffset: *mut c_void,
@@ -12200,7 +13558,7 @@ pub unsafe extern "C" fn __chidori_driver_cuTexRefSetAddress(
         ) as u32
     }
 }
-///`cuTexRefSetAddress2D` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuTexRefSetAddress2D` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuTexRefSetAddress2D(
     hTexRef: *mut c_void,
@@ -12220,7 +13578,7 @@ pub unsafe extern "C" fn __chidori_driver_cuTexRefSetAddress2D(
         ) as u32
     }
 }
-///`cuTexRefSetAddress2D_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuTexRefSetAddress2D_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuTexRefSetAddress2D_v2(
     hTexRef: *mut c_void,
@@ -12240,7 +13598,7 @@ pub unsafe extern "C" fn __chidori_driver_cuTexRefSetAddress2D_v2(
         ) as u32
     }
 }
-///`cuTexRefSetAddress2D_v3` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuTexRefSetAddress2D_v3` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuTexRefSetAddress2D_v3(
     hTexRef: *mut c_void,
@@ -12260,7 +13618,7 @@ pub unsafe extern "C" fn __chidori_driver_cuTexRefSetAddress2D_v3(
         ) as u32
     }
 }
-///`cuTexRefSetAddressMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuTexRefSetAddressMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuTexRefSetAddressMode(
     hTexRef: *mut c_void,
@@ -12274,7 +13632,7 @@ pub unsafe extern "C" fn __chidori_driver_cuTexRefSetAddressMode(
         ) as u32
     }
 }
-///`cuTexRefSetAddress_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuTexRefSetAddress_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuTexRefSetAddress_v2(
     ByteOffset: *mut c_void,
@@ -12294,7 +13652,7 @@ pub unsafe extern "C" fn __chidori_driver_cuTexRefSetAddress_v2(
         ) as u32
     }
 }
-///`cuTexRefSetArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuTexRefSetArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuTexRefSetArray(
     hTexRef: *mut c_void,
@@ -12308,7 +13666,7 @@ pub unsafe extern "C" fn __chidori_driver_cuTexRefSetArray(
         ) as u32
     }
 }
-///`cuTexRefSetBorderColor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuTexRefSetBorderColor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuTexRefSetBorderColor(
     hTexRef: *mut c_void,
@@ -12321,7 +13679,7 @@ pub unsafe extern "C" fn __chidori_driver_cuTexRefSetBorderColor(
         ) as u32
     }
 }
-///`cuTexRefSetFilterMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuTexRefSetFilterMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuTexRefSetFilterMode(
     hTexRef: *mut c_void,
@@ -12334,7 +13692,7 @@ pub unsafe extern "C" fn __chidori_driver_cuTexRefSetFilterMode(
         ) as u32
     }
 }
-///`cuTexRefSetFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuTexRefSetFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuTexRefSetFlags(
     hTexRef: *mut c_void,
@@ -12347,7 +13705,7 @@ pub unsafe extern "C" fn __chidori_driver_cuTexRefSetFlags(
         ) as u32
     }
 }
-///`cuTexRefSetFormat` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuTexRefSetFormat` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuTexRefSetFormat(
     hTexRef: *mut c_void,
@@ -12365,7 +13723,7 @@ pub unsafe extern "C" fn __chidori_driver_cuTexRefSetFormat(
         ) as u32
     }
 }
-///`cuTexRefSetMaxAnisotropy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuTexRefSetMaxAnisotropy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuTexRefSetMaxAnisotropy(
     hTexRef: *mut c_void,
@@ -12378,7 +13736,7 @@ pub unsafe extern "C" fn __chidori_driver_cuTexRefSetMaxAnisotropy(
         ) as u32
     }
 }
-///`cuTexRefSetMipmapFilterMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuTexRefSetMipmapFilterMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuTexRefSetMipmapFilterMode(
     hTexRef: *mut c_void,
@@ -12391,7 +13749,7 @@ pub unsafe extern "C" fn __chidori_driver_cuTexRefSetMipmapFilterMode(
         ) as u32
     }
 }
-///`cuTexRefSetMipmapLevelBias` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuTexRefSetMipmapLevelBias` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuTexRefSetMipmapLevelBias(
     hTexRef: *mut c_void,
@@ -12404,7 +13762,7 @@ pub unsafe extern "C" fn __chidori_driver_cuTexRefSetMipmapLevelBias(
         ) as u32
     }
 }
-///`cuTexRefSetMipmapLevelClamp` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuTexRefSetMipmapLevelClamp` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuTexRefSetMipmapLevelClamp(
     hTexRef: *mut c_void,
@@ -12422,7 +13780,7 @@ pub unsafe extern "C" fn __chidori_driver_cuTexRefSetMipmapLevelClamp(
         ) as u32
     }
 }
-///`cuTexRefSetMipmappedArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuTexRefSetMipmappedArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuTexRefSetMipmappedArray(
     hTexRef: *mut c_void,
@@ -12440,7 +13798,7 @@ pub unsafe extern "C" fn __chidori_driver_cuTexRefSetMipmappedArray(
         ) as u32
     }
 }
-///`cuThreadExchangeStreamCaptureMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuThreadExchangeStreamCaptureMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuThreadExchangeStreamCaptureMode(
     mode: *mut c_void,
@@ -12448,7 +13806,7 @@ pub unsafe extern "C" fn __chidori_driver_cuThreadExchangeStreamCaptureMode(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "cuThreadExchangeStreamCaptureMode",
-            version: "13.1",
+            version: "13.5",
             library: "driver",
             forms: &[
                 &chidori_cuda::calls::driver::cuThreadExchangeStreamCaptureMode__async,
@@ -12465,7 +13823,7 @@ pub unsafe extern "C" fn __chidori_driver_cuThreadExchangeStreamCaptureMode(
         crate::custom::capture::exchange_mode(&CTX, mode)
     }
 }
-///`cuUserObjectCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`cuUserObjectCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuUserObjectCreate(
     object_out: *mut c_void,
@@ -12478,7 +13836,7 @@ pub unsafe extern "C" fn __chidori_driver_cuUserObjectCreate(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "cuUserObjectCreate",
-                version: "13.1",
+                version: "13.5",
                 library: "driver",
                 forms: &[&chidori_cuda::calls::driver::cuUserObjectCreate__host],
                 codes: chidori_cuda::desc::Codes {
@@ -12502,7 +13860,7 @@ pub unsafe extern "C" fn __chidori_driver_cuUserObjectCreate(
         }) as u32
     }
 }
-///`cuUserObjectRelease` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuUserObjectRelease` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuUserObjectRelease(
     object: *mut c_void,
@@ -12515,7 +13873,7 @@ pub unsafe extern "C" fn __chidori_driver_cuUserObjectRelease(
         ) as u32
     }
 }
-///`cuUserObjectRetain` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuUserObjectRetain` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuUserObjectRetain(
     object: *mut c_void,

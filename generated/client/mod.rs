@@ -65,14 +65,17 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuArrayGetSparseProperties" => {
             Some(driver::__chidori_driver_cuArrayGetSparseProperties as *const c_void)
         }
-        "cuCheckpointProcessGetRestoreThreadId" => {
+        "cuCoredumpDeregisterCompleteCallback" => {
             Some(
-                driver::__chidori_driver_cuCheckpointProcessGetRestoreThreadId
+                driver::__chidori_driver_cuCoredumpDeregisterCompleteCallback
                     as *const c_void,
             )
         }
-        "cuCheckpointProcessGetState" => {
-            Some(driver::__chidori_driver_cuCheckpointProcessGetState as *const c_void)
+        "cuCoredumpDeregisterStartCallback" => {
+            Some(
+                driver::__chidori_driver_cuCoredumpDeregisterStartCallback
+                    as *const c_void,
+            )
         }
         "cuCtxAttach" => Some(driver::__chidori_driver_cuCtxAttach as *const c_void),
         "cuCtxCreate" => Some(driver::__chidori_driver_cuCtxCreate as *const c_void),
@@ -180,7 +183,7 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
             )
         }
         "cuDevSmResourceSplit" => {
-            Some(driver::__chidori_driver_cuDevSmResourceSplit as *const c_void)
+            Some(driver::__chidori_driver_cuDevSmResourceSplit__cu135 as *const c_void)
         }
         "cuDevSmResourceSplitByCount" => {
             Some(
@@ -200,6 +203,9 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         }
         "cuDeviceGetByPCIBusId" => {
             Some(driver::__chidori_driver_cuDeviceGetByPCIBusId as *const c_void)
+        }
+        "cuDeviceGetCliqueCount" => {
+            Some(driver::__chidori_driver_cuDeviceGetCliqueCount as *const c_void)
         }
         "cuDeviceGetCount" => {
             Some(driver::__chidori_driver_cuDeviceGetCount as *const c_void)
@@ -356,6 +362,9 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
             Some(driver::__chidori_driver_cuFuncGetModule as *const c_void)
         }
         "cuFuncGetName" => Some(driver::__chidori_driver_cuFuncGetName as *const c_void),
+        "cuFuncGetParamCount" => {
+            Some(driver::__chidori_driver_cuFuncGetParamCount as *const c_void)
+        }
         "cuFuncGetParamInfo" => {
             Some(driver::__chidori_driver_cuFuncGetParamInfo as *const c_void)
         }
@@ -426,7 +435,7 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
             Some(driver::__chidori_driver_cuGraphAddKernelNode_v2 as *const c_void)
         }
         "cuGraphAddMemAllocNode" => {
-            Some(driver::__chidori_driver_cuGraphAddMemAllocNode__cu126 as *const c_void)
+            Some(driver::__chidori_driver_cuGraphAddMemAllocNode__cu135 as *const c_void)
         }
         "cuGraphAddMemFreeNode" => {
             Some(driver::__chidori_driver_cuGraphAddMemFreeNode as *const c_void)
@@ -442,6 +451,9 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         }
         "cuGraphAddNode_v2" => {
             Some(driver::__chidori_driver_cuGraphAddNode_v2 as *const c_void)
+        }
+        "cuGraphAddNode_v3" => {
+            Some(driver::__chidori_driver_cuGraphAddNode_v3 as *const c_void)
         }
         "cuGraphBatchMemOpNodeGetParams" => {
             Some(
@@ -600,7 +612,7 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         }
         "cuGraphKernelNodeGetAttribute" => {
             Some(
-                driver::__chidori_driver_cuGraphKernelNodeGetAttribute__cu130
+                driver::__chidori_driver_cuGraphKernelNodeGetAttribute__cu135
                     as *const c_void,
             )
         }
@@ -612,7 +624,7 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         }
         "cuGraphKernelNodeSetAttribute" => {
             Some(
-                driver::__chidori_driver_cuGraphKernelNodeSetAttribute__cu130
+                driver::__chidori_driver_cuGraphKernelNodeSetAttribute__cu135
                     as *const c_void,
             )
         }
@@ -628,7 +640,7 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         }
         "cuGraphMemAllocNodeGetParams" => {
             Some(
-                driver::__chidori_driver_cuGraphMemAllocNodeGetParams__cu126
+                driver::__chidori_driver_cuGraphMemAllocNodeGetParams__cu135
                     as *const c_void,
             )
         }
@@ -684,6 +696,9 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         }
         "cuGraphNodeSetParams" => {
             Some(driver::__chidori_driver_cuGraphNodeSetParams as *const c_void)
+        }
+        "cuGraphNodeSetParams_v2" => {
+            Some(driver::__chidori_driver_cuGraphNodeSetParams_v2 as *const c_void)
         }
         "cuGraphReleaseUserObject" => {
             Some(driver::__chidori_driver_cuGraphReleaseUserObject as *const c_void)
@@ -785,6 +800,9 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuKernelGetName" => {
             Some(driver::__chidori_driver_cuKernelGetName as *const c_void)
         }
+        "cuKernelGetParamCount" => {
+            Some(driver::__chidori_driver_cuKernelGetParamCount as *const c_void)
+        }
         "cuKernelGetParamInfo" => {
             Some(driver::__chidori_driver_cuKernelGetParamInfo as *const c_void)
         }
@@ -813,14 +831,20 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuLaunchHostFunc_ptsz" => {
             Some(driver::__chidori_driver_cuLaunchHostFunc_ptsz as *const c_void)
         }
+        "cuLaunchHostFunc_v2" => {
+            Some(driver::__chidori_driver_cuLaunchHostFunc_v2 as *const c_void)
+        }
+        "cuLaunchHostFunc_v2_ptsz" => {
+            Some(driver::__chidori_driver_cuLaunchHostFunc_v2_ptsz as *const c_void)
+        }
         "cuLaunchKernel" => {
             Some(driver::__chidori_driver_cuLaunchKernel as *const c_void)
         }
         "cuLaunchKernelEx" => {
-            Some(driver::__chidori_driver_cuLaunchKernelEx__cu130 as *const c_void)
+            Some(driver::__chidori_driver_cuLaunchKernelEx__cu135 as *const c_void)
         }
         "cuLaunchKernelEx_ptsz" => {
-            Some(driver::__chidori_driver_cuLaunchKernelEx_ptsz__cu130 as *const c_void)
+            Some(driver::__chidori_driver_cuLaunchKernelEx_ptsz__cu135 as *const c_void)
         }
         "cuLaunchKernel_ptsz" => {
             Some(driver::__chidori_driver_cuLaunchKernel_ptsz as *const c_void)
@@ -868,6 +892,24 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
             Some(driver::__chidori_driver_cuLinkCreate_v2 as *const c_void)
         }
         "cuLinkDestroy" => Some(driver::__chidori_driver_cuLinkDestroy as *const c_void),
+        "cuLogicalEndpointAddDevice" => {
+            Some(driver::__chidori_driver_cuLogicalEndpointAddDevice as *const c_void)
+        }
+        "cuLogicalEndpointBindMem" => {
+            Some(driver::__chidori_driver_cuLogicalEndpointBindMem as *const c_void)
+        }
+        "cuLogicalEndpointCreate" => {
+            Some(driver::__chidori_driver_cuLogicalEndpointCreate as *const c_void)
+        }
+        "cuLogicalEndpointDestroy" => {
+            Some(driver::__chidori_driver_cuLogicalEndpointDestroy as *const c_void)
+        }
+        "cuLogicalEndpointIdRelease" => {
+            Some(driver::__chidori_driver_cuLogicalEndpointIdRelease as *const c_void)
+        }
+        "cuLogicalEndpointUnbind" => {
+            Some(driver::__chidori_driver_cuLogicalEndpointUnbind as *const c_void)
+        }
         "cuLogsCurrent" => Some(driver::__chidori_driver_cuLogsCurrent as *const c_void),
         "cuLogsDumpToMemory" => {
             Some(driver::__chidori_driver_cuLogsDumpToMemory as *const c_void)
@@ -883,7 +925,7 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         }
         "cuMemAdvise" => Some(driver::__chidori_driver_cuMemAdvise as *const c_void),
         "cuMemAdvise_v2" => {
-            Some(driver::__chidori_driver_cuMemAdvise_v2 as *const c_void)
+            Some(driver::__chidori_driver_cuMemAdvise_v2__cu135 as *const c_void)
         }
         "cuMemAllocAsync" => {
             Some(driver::__chidori_driver_cuMemAllocAsync as *const c_void)
@@ -918,16 +960,18 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
                 driver::__chidori_driver_cuMemBatchDecompressAsync_ptsz as *const c_void,
             )
         }
-        "cuMemCreate" => Some(driver::__chidori_driver_cuMemCreate as *const c_void),
+        "cuMemCreate" => {
+            Some(driver::__chidori_driver_cuMemCreate__cu135 as *const c_void)
+        }
         "cuMemDiscardAndPrefetchBatchAsync" => {
             Some(
-                driver::__chidori_driver_cuMemDiscardAndPrefetchBatchAsync
+                driver::__chidori_driver_cuMemDiscardAndPrefetchBatchAsync__cu135
                     as *const c_void,
             )
         }
         "cuMemDiscardAndPrefetchBatchAsync_ptsz" => {
             Some(
-                driver::__chidori_driver_cuMemDiscardAndPrefetchBatchAsync_ptsz
+                driver::__chidori_driver_cuMemDiscardAndPrefetchBatchAsync_ptsz__cu135
                     as *const c_void,
             )
         }
@@ -947,29 +991,32 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuMemFreeHost" => Some(driver::__chidori_driver_cuMemFreeHost as *const c_void),
         "cuMemFree_v2" => Some(driver::__chidori_driver_cuMemFree_v2 as *const c_void),
         "cuMemGetAccess" => {
-            Some(driver::__chidori_driver_cuMemGetAccess as *const c_void)
+            Some(driver::__chidori_driver_cuMemGetAccess__cu135 as *const c_void)
         }
         "cuMemGetAddressRange_v2" => {
             Some(driver::__chidori_driver_cuMemGetAddressRange_v2 as *const c_void)
         }
         "cuMemGetAllocationGranularity" => {
-            Some(driver::__chidori_driver_cuMemGetAllocationGranularity as *const c_void)
+            Some(
+                driver::__chidori_driver_cuMemGetAllocationGranularity__cu135
+                    as *const c_void,
+            )
         }
         "cuMemGetAllocationPropertiesFromHandle" => {
             Some(
-                driver::__chidori_driver_cuMemGetAllocationPropertiesFromHandle
+                driver::__chidori_driver_cuMemGetAllocationPropertiesFromHandle__cu135
                     as *const c_void,
             )
         }
         "cuMemGetDefaultMemPool" => {
-            Some(driver::__chidori_driver_cuMemGetDefaultMemPool as *const c_void)
+            Some(driver::__chidori_driver_cuMemGetDefaultMemPool__cu135 as *const c_void)
         }
         "cuMemGetInfo" => Some(driver::__chidori_driver_cuMemGetInfo as *const c_void),
         "cuMemGetInfo_v2" => {
             Some(driver::__chidori_driver_cuMemGetInfo_v2 as *const c_void)
         }
         "cuMemGetMemPool" => {
-            Some(driver::__chidori_driver_cuMemGetMemPool as *const c_void)
+            Some(driver::__chidori_driver_cuMemGetMemPool__cu135 as *const c_void)
         }
         "cuMemHostAlloc" => {
             Some(driver::__chidori_driver_cuMemHostAlloc as *const c_void)
@@ -997,19 +1044,19 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
             Some(driver::__chidori_driver_cuMemMapArrayAsync_ptsz as *const c_void)
         }
         "cuMemPoolCreate" => {
-            Some(driver::__chidori_driver_cuMemPoolCreate__cu126 as *const c_void)
+            Some(driver::__chidori_driver_cuMemPoolCreate__cu135 as *const c_void)
         }
         "cuMemPoolDestroy" => {
             Some(driver::__chidori_driver_cuMemPoolDestroy as *const c_void)
         }
         "cuMemPoolGetAccess" => {
-            Some(driver::__chidori_driver_cuMemPoolGetAccess as *const c_void)
+            Some(driver::__chidori_driver_cuMemPoolGetAccess__cu135 as *const c_void)
         }
         "cuMemPoolGetAttribute" => {
             Some(driver::__chidori_driver_cuMemPoolGetAttribute as *const c_void)
         }
         "cuMemPoolSetAccess" => {
-            Some(driver::__chidori_driver_cuMemPoolSetAccess as *const c_void)
+            Some(driver::__chidori_driver_cuMemPoolSetAccess__cu135 as *const c_void)
         }
         "cuMemPoolSetAttribute" => {
             Some(driver::__chidori_driver_cuMemPoolSetAttribute as *const c_void)
@@ -1024,16 +1071,24 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
             Some(driver::__chidori_driver_cuMemPrefetchAsync_ptsz as *const c_void)
         }
         "cuMemPrefetchAsync_v2" => {
-            Some(driver::__chidori_driver_cuMemPrefetchAsync_v2 as *const c_void)
+            Some(driver::__chidori_driver_cuMemPrefetchAsync_v2__cu135 as *const c_void)
         }
         "cuMemPrefetchAsync_v2_ptsz" => {
-            Some(driver::__chidori_driver_cuMemPrefetchAsync_v2_ptsz as *const c_void)
+            Some(
+                driver::__chidori_driver_cuMemPrefetchAsync_v2_ptsz__cu135
+                    as *const c_void,
+            )
         }
         "cuMemPrefetchBatchAsync" => {
-            Some(driver::__chidori_driver_cuMemPrefetchBatchAsync as *const c_void)
+            Some(
+                driver::__chidori_driver_cuMemPrefetchBatchAsync__cu135 as *const c_void,
+            )
         }
         "cuMemPrefetchBatchAsync_ptsz" => {
-            Some(driver::__chidori_driver_cuMemPrefetchBatchAsync_ptsz as *const c_void)
+            Some(
+                driver::__chidori_driver_cuMemPrefetchBatchAsync_ptsz__cu135
+                    as *const c_void,
+            )
         }
         "cuMemRangeGetAttribute" => {
             Some(driver::__chidori_driver_cuMemRangeGetAttribute as *const c_void)
@@ -1046,10 +1101,10 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
             Some(driver::__chidori_driver_cuMemRetainAllocationHandle as *const c_void)
         }
         "cuMemSetAccess" => {
-            Some(driver::__chidori_driver_cuMemSetAccess as *const c_void)
+            Some(driver::__chidori_driver_cuMemSetAccess__cu135 as *const c_void)
         }
         "cuMemSetMemPool" => {
-            Some(driver::__chidori_driver_cuMemSetMemPool as *const c_void)
+            Some(driver::__chidori_driver_cuMemSetMemPool__cu135 as *const c_void)
         }
         "cuMemUnmap" => Some(driver::__chidori_driver_cuMemUnmap as *const c_void),
         "cuMemcpy" => Some(driver::__chidori_driver_cuMemcpy as *const c_void),
@@ -1076,16 +1131,24 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
             Some(driver::__chidori_driver_cuMemcpy3DAsync_v2_ptsz as *const c_void)
         }
         "cuMemcpy3DBatchAsync" => {
-            Some(driver::__chidori_driver_cuMemcpy3DBatchAsync as *const c_void)
+            Some(driver::__chidori_driver_cuMemcpy3DBatchAsync__cu135 as *const c_void)
         }
         "cuMemcpy3DBatchAsync_ptsz" => {
-            Some(driver::__chidori_driver_cuMemcpy3DBatchAsync_ptsz as *const c_void)
+            Some(
+                driver::__chidori_driver_cuMemcpy3DBatchAsync_ptsz__cu135
+                    as *const c_void,
+            )
         }
         "cuMemcpy3DBatchAsync_v2" => {
-            Some(driver::__chidori_driver_cuMemcpy3DBatchAsync_v2 as *const c_void)
+            Some(
+                driver::__chidori_driver_cuMemcpy3DBatchAsync_v2__cu135 as *const c_void,
+            )
         }
         "cuMemcpy3DBatchAsync_v2_ptsz" => {
-            Some(driver::__chidori_driver_cuMemcpy3DBatchAsync_v2_ptsz as *const c_void)
+            Some(
+                driver::__chidori_driver_cuMemcpy3DBatchAsync_v2_ptsz__cu135
+                    as *const c_void,
+            )
         }
         "cuMemcpy3DPeer" => {
             Some(driver::__chidori_driver_cuMemcpy3DPeer as *const c_void)
@@ -1098,6 +1161,15 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         }
         "cuMemcpy3DPeer_ptds" => {
             Some(driver::__chidori_driver_cuMemcpy3DPeer_ptds as *const c_void)
+        }
+        "cuMemcpy3DWithAttributesAsync" => {
+            Some(driver::__chidori_driver_cuMemcpy3DWithAttributesAsync as *const c_void)
+        }
+        "cuMemcpy3DWithAttributesAsync_ptsz" => {
+            Some(
+                driver::__chidori_driver_cuMemcpy3DWithAttributesAsync_ptsz
+                    as *const c_void,
+            )
         }
         "cuMemcpy3D_v2" => Some(driver::__chidori_driver_cuMemcpy3D_v2 as *const c_void),
         "cuMemcpy3D_v2_ptds" => {
@@ -1138,16 +1210,21 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
             Some(driver::__chidori_driver_cuMemcpyAtoH_v2_ptds as *const c_void)
         }
         "cuMemcpyBatchAsync" => {
-            Some(driver::__chidori_driver_cuMemcpyBatchAsync as *const c_void)
+            Some(driver::__chidori_driver_cuMemcpyBatchAsync__cu135 as *const c_void)
         }
         "cuMemcpyBatchAsync_ptsz" => {
-            Some(driver::__chidori_driver_cuMemcpyBatchAsync_ptsz as *const c_void)
+            Some(
+                driver::__chidori_driver_cuMemcpyBatchAsync_ptsz__cu135 as *const c_void,
+            )
         }
         "cuMemcpyBatchAsync_v2" => {
-            Some(driver::__chidori_driver_cuMemcpyBatchAsync_v2 as *const c_void)
+            Some(driver::__chidori_driver_cuMemcpyBatchAsync_v2__cu135 as *const c_void)
         }
         "cuMemcpyBatchAsync_v2_ptsz" => {
-            Some(driver::__chidori_driver_cuMemcpyBatchAsync_v2_ptsz as *const c_void)
+            Some(
+                driver::__chidori_driver_cuMemcpyBatchAsync_v2_ptsz__cu135
+                    as *const c_void,
+            )
         }
         "cuMemcpyDtoA" => Some(driver::__chidori_driver_cuMemcpyDtoA as *const c_void),
         "cuMemcpyDtoA_v2" => {
@@ -1221,6 +1298,15 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         }
         "cuMemcpyPeer_ptds" => {
             Some(driver::__chidori_driver_cuMemcpyPeer_ptds as *const c_void)
+        }
+        "cuMemcpyWithAttributesAsync" => {
+            Some(driver::__chidori_driver_cuMemcpyWithAttributesAsync as *const c_void)
+        }
+        "cuMemcpyWithAttributesAsync_ptsz" => {
+            Some(
+                driver::__chidori_driver_cuMemcpyWithAttributesAsync_ptsz
+                    as *const c_void,
+            )
         }
         "cuMemcpy_ptds" => Some(driver::__chidori_driver_cuMemcpy_ptds as *const c_void),
         "cuMemsetD16" => Some(driver::__chidori_driver_cuMemsetD16 as *const c_void),
@@ -1401,7 +1487,7 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         }
         "cuOccupancyMaxActiveClusters" => {
             Some(
-                driver::__chidori_driver_cuOccupancyMaxActiveClusters__cu130
+                driver::__chidori_driver_cuOccupancyMaxActiveClusters__cu135
                     as *const c_void,
             )
         }
@@ -1419,7 +1505,7 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         }
         "cuOccupancyMaxPotentialClusterSize" => {
             Some(
-                driver::__chidori_driver_cuOccupancyMaxPotentialClusterSize__cu130
+                driver::__chidori_driver_cuOccupancyMaxPotentialClusterSize__cu135
                     as *const c_void,
             )
         }
@@ -1518,15 +1604,21 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuStreamEndCapture" => {
             Some(driver::__chidori_driver_cuStreamEndCapture as *const c_void)
         }
+        "cuStreamEndCaptureToCig" => {
+            Some(driver::__chidori_driver_cuStreamEndCaptureToCig as *const c_void)
+        }
+        "cuStreamEndCaptureToCig_ptsz" => {
+            Some(driver::__chidori_driver_cuStreamEndCaptureToCig_ptsz as *const c_void)
+        }
         "cuStreamEndCapture_ptsz" => {
             Some(driver::__chidori_driver_cuStreamEndCapture_ptsz as *const c_void)
         }
         "cuStreamGetAttribute" => {
-            Some(driver::__chidori_driver_cuStreamGetAttribute__cu130 as *const c_void)
+            Some(driver::__chidori_driver_cuStreamGetAttribute__cu135 as *const c_void)
         }
         "cuStreamGetAttribute_ptsz" => {
             Some(
-                driver::__chidori_driver_cuStreamGetAttribute_ptsz__cu130
+                driver::__chidori_driver_cuStreamGetAttribute_ptsz__cu135
                     as *const c_void,
             )
         }
@@ -1606,11 +1698,11 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
             Some(driver::__chidori_driver_cuStreamQuery_ptsz as *const c_void)
         }
         "cuStreamSetAttribute" => {
-            Some(driver::__chidori_driver_cuStreamSetAttribute__cu130 as *const c_void)
+            Some(driver::__chidori_driver_cuStreamSetAttribute__cu135 as *const c_void)
         }
         "cuStreamSetAttribute_ptsz" => {
             Some(
-                driver::__chidori_driver_cuStreamSetAttribute_ptsz__cu130
+                driver::__chidori_driver_cuStreamSetAttribute_ptsz__cu135
                     as *const c_void,
             )
         }

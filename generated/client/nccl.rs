@@ -4,7 +4,7 @@
 
 #[allow(unused_imports)]
 use core::ffi::c_void;
-///`ncclAllGather` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`ncclAllGather` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_ncclAllGather(
     sendbuff: *mut c_void,
@@ -28,7 +28,7 @@ pub unsafe extern "C" fn __chidori_nccl_ncclAllGather(
         ) as u32
     }
 }
-///`ncclAllReduce` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`ncclAllReduce` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_ncclAllReduce(
     sendbuff: *mut c_void,
@@ -54,7 +54,7 @@ pub unsafe extern "C" fn __chidori_nccl_ncclAllReduce(
         ) as u32
     }
 }
-///`ncclAlltoAll` for CUDA 13.1 (async).
+///`ncclAlltoAll` for CUDA 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_ncclAlltoAll(
     sendbuff: *mut c_void,
@@ -78,7 +78,7 @@ pub unsafe extern "C" fn __chidori_nccl_ncclAlltoAll(
         ) as u32
     }
 }
-///`ncclBcast` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`ncclBcast` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_ncclBcast(
     buff: *mut c_void,
@@ -102,7 +102,7 @@ pub unsafe extern "C" fn __chidori_nccl_ncclBcast(
         ) as u32
     }
 }
-///`ncclBroadcast` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`ncclBroadcast` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_ncclBroadcast(
     sendbuff: *mut c_void,
@@ -128,7 +128,7 @@ pub unsafe extern "C" fn __chidori_nccl_ncclBroadcast(
         ) as u32
     }
 }
-///`ncclCommAbort` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`ncclCommAbort` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_ncclCommAbort(comm: *mut c_void) -> u32 {
     unsafe {
@@ -138,7 +138,7 @@ pub unsafe extern "C" fn __chidori_nccl_ncclCommAbort(comm: *mut c_void) -> u32 
         ) as u32
     }
 }
-///`ncclCommCount` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`ncclCommCount` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_ncclCommCount(
     comm: *mut c_void,
@@ -151,7 +151,7 @@ pub unsafe extern "C" fn __chidori_nccl_ncclCommCount(
         ) as u32
     }
 }
-///`ncclCommCuDevice` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`ncclCommCuDevice` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_ncclCommCuDevice(
     comm: *mut c_void,
@@ -164,7 +164,7 @@ pub unsafe extern "C" fn __chidori_nccl_ncclCommCuDevice(
         ) as u32
     }
 }
-///`ncclCommDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`ncclCommDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_ncclCommDestroy(comm: *mut c_void) -> u32 {
     unsafe {
@@ -174,7 +174,7 @@ pub unsafe extern "C" fn __chidori_nccl_ncclCommDestroy(comm: *mut c_void) -> u3
         ) as u32
     }
 }
-///`ncclCommFinalize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`ncclCommFinalize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_ncclCommFinalize(comm: *mut c_void) -> u32 {
     unsafe {
@@ -184,7 +184,7 @@ pub unsafe extern "C" fn __chidori_nccl_ncclCommFinalize(comm: *mut c_void) -> u
         ) as u32
     }
 }
-///`ncclCommGetAsyncError` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`ncclCommGetAsyncError` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_ncclCommGetAsyncError(
     comm: *mut c_void,
@@ -197,7 +197,7 @@ pub unsafe extern "C" fn __chidori_nccl_ncclCommGetAsyncError(
         ) as u32
     }
 }
-///`ncclCommInitRank` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`ncclCommInitRank` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_ncclCommInitRank(
     comm: *mut c_void,
@@ -283,7 +283,39 @@ pub unsafe extern "C" fn __chidori_nccl_ncclCommInitRankConfig__cu131(
         ) as u32
     }
 }
-///`ncclCommRevoke` for CUDA 13.1 (sync).
+///`ncclCommInitRankConfig` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nccl_ncclCommInitRankConfig__cu135(
+    comm: *mut c_void,
+    nranks: i32,
+    commId: chidori_cuda::types::ncclUniqueId,
+    rank: i32,
+    config: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nccl::ncclCommInitRankConfig__cu135,
+            &[
+                (comm) as usize as u64,
+                (nranks) as i64 as u64,
+                &(commId) as *const _ as usize as u64,
+                (rank) as i64 as u64,
+                (config) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`ncclCommResume` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nccl_ncclCommResume(comm: *mut c_void) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nccl::ncclCommResume,
+            &[(comm) as usize as u64],
+        ) as u32
+    }
+}
+///`ncclCommRevoke` for CUDA 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_ncclCommRevoke(
     comm: *mut c_void,
@@ -362,7 +394,42 @@ pub unsafe extern "C" fn __chidori_nccl_ncclCommSplit__cu131(
         ) as u32
     }
 }
-///`ncclCommUserRank` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`ncclCommSplit` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nccl_ncclCommSplit__cu135(
+    comm: *mut c_void,
+    color: i32,
+    key: i32,
+    newcomm: *mut c_void,
+    config: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nccl::ncclCommSplit__cu135,
+            &[
+                (comm) as usize as u64,
+                (color) as i64 as u64,
+                (key) as i64 as u64,
+                (newcomm) as usize as u64,
+                (config) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`ncclCommSuspend` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nccl_ncclCommSuspend(
+    comm: *mut c_void,
+    flags: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nccl::ncclCommSuspend,
+            &[(comm) as usize as u64, (flags) as i64 as u64],
+        ) as u32
+    }
+}
+///`ncclCommUserRank` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_ncclCommUserRank(
     comm: *mut c_void,
@@ -388,7 +455,7 @@ pub unsafe extern "C" fn __chidori_nccl_ncclCommWindowDeregister__cu128(
         ) as u32
     }
 }
-///`ncclCommWindowDeregister` for CUDA 13.1 (sync).
+///`ncclCommWindowDeregister` for CUDA 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_ncclCommWindowDeregister__cu131(
     comm: *mut c_void,
@@ -401,7 +468,7 @@ pub unsafe extern "C" fn __chidori_nccl_ncclCommWindowDeregister__cu131(
         ) as u32
     }
 }
-///`ncclGather` for CUDA 13.1 (async).
+///`ncclGather` for CUDA 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_ncclGather(
     sendbuff: *mut c_void,
@@ -427,15 +494,15 @@ pub unsafe extern "C" fn __chidori_nccl_ncclGather(
         ) as u32
     }
 }
-///`ncclGetErrorString` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local, generated).
+///`ncclGetErrorString` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local, generated).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_ncclGetErrorString(result: u32) -> *mut c_void {
     unsafe {
-        crate::runtime::error_string("13.1", "nccl", "ncclGetErrorString", result as i64)
+        crate::runtime::error_string("13.5", "nccl", "ncclGetErrorString", result as i64)
             as *mut c_void
     }
 }
-///`ncclGetLastError` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`ncclGetLastError` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_ncclGetLastError(
     comm: *mut c_void,
@@ -443,7 +510,7 @@ pub unsafe extern "C" fn __chidori_nccl_ncclGetLastError(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "ncclGetLastError",
-            version: "13.1",
+            version: "13.5",
             library: "nccl",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -457,7 +524,7 @@ pub unsafe extern "C" fn __chidori_nccl_ncclGetLastError(
         crate::custom::nccl::last_error(&CTX, comm)
     }
 }
-///`ncclGetUniqueId` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`ncclGetUniqueId` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_ncclGetUniqueId(uniqueId: *mut c_void) -> u32 {
     unsafe {
@@ -467,7 +534,7 @@ pub unsafe extern "C" fn __chidori_nccl_ncclGetUniqueId(uniqueId: *mut c_void) -
         ) as u32
     }
 }
-///`ncclGetVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`ncclGetVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_ncclGetVersion(version: *mut c_void) -> u32 {
     unsafe {
@@ -477,19 +544,41 @@ pub unsafe extern "C" fn __chidori_nccl_ncclGetVersion(version: *mut c_void) -> 
         ) as u32
     }
 }
-///`ncclGroupEnd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`ncclGroupEnd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_ncclGroupEnd() -> u32 {
     unsafe { crate::runtime::call(&chidori_cuda::calls::nccl::ncclGroupEnd, &[]) as u32 }
 }
-///`ncclGroupStart` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`ncclGroupStart` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_ncclGroupStart() -> u32 {
     unsafe {
         crate::runtime::call(&chidori_cuda::calls::nccl::ncclGroupStart, &[]) as u32
     }
 }
-///`ncclRecv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`ncclParamBind` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nccl_ncclParamBind(
+    out: *mut c_void,
+    key: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nccl::ncclParamBind,
+            &[(out) as usize as u64, (key) as usize as u64],
+        ) as u32
+    }
+}
+///`ncclParamDumpAll` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nccl_ncclParamDumpAll() {
+    unsafe {
+        {
+            crate::runtime::call(&chidori_cuda::calls::nccl::ncclParamDumpAll, &[]);
+        }
+    }
+}
+///`ncclRecv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_ncclRecv(
     recvbuff: *mut c_void,
@@ -513,7 +602,7 @@ pub unsafe extern "C" fn __chidori_nccl_ncclRecv(
         ) as u32
     }
 }
-///`ncclRedOpCreatePreMulSum` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`ncclRedOpCreatePreMulSum` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_ncclRedOpCreatePreMulSum(
     op: *mut c_void,
@@ -526,7 +615,7 @@ pub unsafe extern "C" fn __chidori_nccl_ncclRedOpCreatePreMulSum(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "ncclRedOpCreatePreMulSum",
-                version: "13.1",
+                version: "13.5",
                 library: "nccl",
                 forms: &[
                     &chidori_cuda::calls::nccl::ncclRedOpCreatePreMulSum__call,
@@ -553,7 +642,7 @@ pub unsafe extern "C" fn __chidori_nccl_ncclRedOpCreatePreMulSum(
         }) as u32
     }
 }
-///`ncclRedOpDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`ncclRedOpDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_ncclRedOpDestroy(
     op: u32,
@@ -566,7 +655,7 @@ pub unsafe extern "C" fn __chidori_nccl_ncclRedOpDestroy(
         ) as u32
     }
 }
-///`ncclReduce` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`ncclReduce` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_ncclReduce(
     sendbuff: *mut c_void,
@@ -594,7 +683,7 @@ pub unsafe extern "C" fn __chidori_nccl_ncclReduce(
         ) as u32
     }
 }
-///`ncclReduceScatter` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`ncclReduceScatter` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_ncclReduceScatter(
     sendbuff: *mut c_void,
@@ -629,7 +718,7 @@ pub unsafe extern "C" fn __chidori_nccl_ncclResetDebugInit() {
         }
     }
 }
-///`ncclScatter` for CUDA 13.1 (async).
+///`ncclScatter` for CUDA 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_ncclScatter(
     sendbuff: *mut c_void,
@@ -655,7 +744,7 @@ pub unsafe extern "C" fn __chidori_nccl_ncclScatter(
         ) as u32
     }
 }
-///`ncclSend` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`ncclSend` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_ncclSend(
     sendbuff: *mut c_void,
@@ -679,7 +768,31 @@ pub unsafe extern "C" fn __chidori_nccl_ncclSend(
         ) as u32
     }
 }
-///`pncclAllGather` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`ncclSignal` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nccl_ncclSignal(
+    peer: i32,
+    sigIdx: i32,
+    ctx: i32,
+    flags: u32,
+    comm: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nccl::ncclSignal,
+            &[
+                (peer) as i64 as u64,
+                (sigIdx) as i64 as u64,
+                (ctx) as i64 as u64,
+                (flags) as u64,
+                (comm) as usize as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`pncclAllGather` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_pncclAllGather(
     sendbuff: *mut c_void,
@@ -703,7 +816,7 @@ pub unsafe extern "C" fn __chidori_nccl_pncclAllGather(
         ) as u32
     }
 }
-///`pncclAllReduce` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`pncclAllReduce` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_pncclAllReduce(
     sendbuff: *mut c_void,
@@ -729,7 +842,7 @@ pub unsafe extern "C" fn __chidori_nccl_pncclAllReduce(
         ) as u32
     }
 }
-///`pncclAlltoAll` for CUDA 13.1 (sync).
+///`pncclAlltoAll` for CUDA 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_pncclAlltoAll(
     sendbuff: *mut c_void,
@@ -753,7 +866,7 @@ pub unsafe extern "C" fn __chidori_nccl_pncclAlltoAll(
         ) as u32
     }
 }
-///`pncclBcast` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`pncclBcast` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_pncclBcast(
     buff: *mut c_void,
@@ -777,7 +890,7 @@ pub unsafe extern "C" fn __chidori_nccl_pncclBcast(
         ) as u32
     }
 }
-///`pncclBroadcast` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`pncclBroadcast` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_pncclBroadcast(
     sendbuff: *mut c_void,
@@ -803,7 +916,7 @@ pub unsafe extern "C" fn __chidori_nccl_pncclBroadcast(
         ) as u32
     }
 }
-///`pncclCommAbort` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`pncclCommAbort` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_pncclCommAbort(comm: *mut c_void) -> u32 {
     unsafe {
@@ -813,7 +926,7 @@ pub unsafe extern "C" fn __chidori_nccl_pncclCommAbort(comm: *mut c_void) -> u32
         ) as u32
     }
 }
-///`pncclCommDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`pncclCommDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_pncclCommDestroy(comm: *mut c_void) -> u32 {
     unsafe {
@@ -823,7 +936,7 @@ pub unsafe extern "C" fn __chidori_nccl_pncclCommDestroy(comm: *mut c_void) -> u
         ) as u32
     }
 }
-///`pncclCommFinalize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`pncclCommFinalize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_pncclCommFinalize(comm: *mut c_void) -> u32 {
     unsafe {
@@ -833,7 +946,7 @@ pub unsafe extern "C" fn __chidori_nccl_pncclCommFinalize(comm: *mut c_void) -> 
         ) as u32
     }
 }
-///`pncclCommInitRank` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`pncclCommInitRank` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_pncclCommInitRank(
     comm: *mut c_void,
@@ -853,7 +966,17 @@ pub unsafe extern "C" fn __chidori_nccl_pncclCommInitRank(
         ) as u32
     }
 }
-///`pncclCommRevoke` for CUDA 13.1 (sync).
+///`pncclCommResume` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nccl_pncclCommResume(comm: *mut c_void) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nccl::pncclCommResume,
+            &[(comm) as usize as u64],
+        ) as u32
+    }
+}
+///`pncclCommRevoke` for CUDA 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_pncclCommRevoke(
     comm: *mut c_void,
@@ -863,6 +986,19 @@ pub unsafe extern "C" fn __chidori_nccl_pncclCommRevoke(
         crate::runtime::call(
             &chidori_cuda::calls::nccl::pncclCommRevoke,
             &[(comm) as usize as u64, (revokeFlags) as i64 as u64],
+        ) as u32
+    }
+}
+///`pncclCommSuspend` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nccl_pncclCommSuspend(
+    comm: *mut c_void,
+    flags: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nccl::pncclCommSuspend,
+            &[(comm) as usize as u64, (flags) as i64 as u64],
         ) as u32
     }
 }
@@ -879,7 +1015,7 @@ pub unsafe extern "C" fn __chidori_nccl_pncclCommWindowDeregister__cu128(
         ) as u32
     }
 }
-///`pncclCommWindowDeregister` for CUDA 13.1 (sync).
+///`pncclCommWindowDeregister` for CUDA 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_pncclCommWindowDeregister__cu131(
     comm: *mut c_void,
@@ -914,7 +1050,7 @@ pub unsafe extern "C" fn __chidori_nccl_pncclCommWindowRegister__cu128(
         ) as u32
     }
 }
-///`pncclCommWindowRegister` for CUDA 13.1 (sync).
+///`pncclCommWindowRegister` for CUDA 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_pncclCommWindowRegister__cu131(
     comm: *mut c_void,
@@ -936,7 +1072,7 @@ pub unsafe extern "C" fn __chidori_nccl_pncclCommWindowRegister__cu131(
         ) as u32
     }
 }
-///`pncclGather` for CUDA 13.1 (sync).
+///`pncclGather` for CUDA 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_pncclGather(
     sendbuff: *mut c_void,
@@ -962,7 +1098,7 @@ pub unsafe extern "C" fn __chidori_nccl_pncclGather(
         ) as u32
     }
 }
-///`pncclGetLastError` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`pncclGetLastError` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_pncclGetLastError(
     comm: *mut c_void,
@@ -970,7 +1106,7 @@ pub unsafe extern "C" fn __chidori_nccl_pncclGetLastError(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "pncclGetLastError",
-            version: "13.1",
+            version: "13.5",
             library: "nccl",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -984,21 +1120,43 @@ pub unsafe extern "C" fn __chidori_nccl_pncclGetLastError(
         crate::custom::nccl::last_error(&CTX, comm)
     }
 }
-///`pncclGroupEnd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`pncclGroupEnd` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_pncclGroupEnd() -> u32 {
     unsafe {
         crate::runtime::call(&chidori_cuda::calls::nccl::pncclGroupEnd, &[]) as u32
     }
 }
-///`pncclGroupStart` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`pncclGroupStart` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_pncclGroupStart() -> u32 {
     unsafe {
         crate::runtime::call(&chidori_cuda::calls::nccl::pncclGroupStart, &[]) as u32
     }
 }
-///`pncclRecv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`pncclParamBind` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nccl_pncclParamBind(
+    out: *mut c_void,
+    key: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nccl::pncclParamBind,
+            &[(out) as usize as u64, (key) as usize as u64],
+        ) as u32
+    }
+}
+///`pncclParamDumpAll` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nccl_pncclParamDumpAll() {
+    unsafe {
+        {
+            crate::runtime::call(&chidori_cuda::calls::nccl::pncclParamDumpAll, &[]);
+        }
+    }
+}
+///`pncclRecv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_pncclRecv(
     recvbuff: *mut c_void,
@@ -1022,7 +1180,7 @@ pub unsafe extern "C" fn __chidori_nccl_pncclRecv(
         ) as u32
     }
 }
-///`pncclRedOpCreatePreMulSum` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`pncclRedOpCreatePreMulSum` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_pncclRedOpCreatePreMulSum(
     op: *mut c_void,
@@ -1035,7 +1193,7 @@ pub unsafe extern "C" fn __chidori_nccl_pncclRedOpCreatePreMulSum(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "pncclRedOpCreatePreMulSum",
-                version: "13.1",
+                version: "13.5",
                 library: "nccl",
                 forms: &[
                     &chidori_cuda::calls::nccl::pncclRedOpCreatePreMulSum__call,
@@ -1062,7 +1220,7 @@ pub unsafe extern "C" fn __chidori_nccl_pncclRedOpCreatePreMulSum(
         }) as u32
     }
 }
-///`pncclRedOpDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`pncclRedOpDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_pncclRedOpDestroy(
     op: u32,
@@ -1075,7 +1233,7 @@ pub unsafe extern "C" fn __chidori_nccl_pncclRedOpDestroy(
         ) as u32
     }
 }
-///`pncclReduce` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`pncclReduce` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_pncclReduce(
     sendbuff: *mut c_void,
@@ -1103,7 +1261,7 @@ pub unsafe extern "C" fn __chidori_nccl_pncclReduce(
         ) as u32
     }
 }
-///`pncclReduceScatter` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`pncclReduceScatter` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_pncclReduceScatter(
     sendbuff: *mut c_void,
@@ -1138,7 +1296,7 @@ pub unsafe extern "C" fn __chidori_nccl_pncclResetDebugInit() {
         }
     }
 }
-///`pncclScatter` for CUDA 13.1 (sync).
+///`pncclScatter` for CUDA 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_pncclScatter(
     sendbuff: *mut c_void,
@@ -1164,7 +1322,7 @@ pub unsafe extern "C" fn __chidori_nccl_pncclScatter(
         ) as u32
     }
 }
-///`pncclSend` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`pncclSend` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_pncclSend(
     sendbuff: *mut c_void,
@@ -1182,6 +1340,30 @@ pub unsafe extern "C" fn __chidori_nccl_pncclSend(
                 (count) as u64,
                 (datatype) as u64,
                 (peer) as i64 as u64,
+                (comm) as usize as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`pncclSignal` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nccl_pncclSignal(
+    peer: i32,
+    sigIdx: i32,
+    ctx: i32,
+    flags: u32,
+    comm: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nccl::pncclSignal,
+            &[
+                (peer) as i64 as u64,
+                (sigIdx) as i64 as u64,
+                (ctx) as i64 as u64,
+                (flags) as u64,
                 (comm) as usize as u64,
                 (stream) as usize as u64,
             ],

@@ -134,6 +134,32 @@ pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkAddData_13_1(
         crate::custom::nvjitlink::add_data(&CTX, handle, inputType, data, size, name)
     }
 }
+///`__nvJitLinkAddData_13_5` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkAddData_13_5(
+    handle: *mut c_void,
+    inputType: u32,
+    data: *mut c_void,
+    size: usize,
+    name: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkAddData_13_5",
+            version: "13.5",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::add_data(&CTX, handle, inputType, data, size, name)
+    }
+}
 ///`__nvJitLinkAddFile_12_1` for CUDA 12.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkAddFile_12_1(
@@ -254,6 +280,30 @@ pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkAddFile_13_1(
         crate::custom::nvjitlink::add_file(&CTX, handle, inputType, fileName)
     }
 }
+///`__nvJitLinkAddFile_13_5` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkAddFile_13_5(
+    handle: *mut c_void,
+    inputType: u32,
+    fileName: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkAddFile_13_5",
+            version: "13.5",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::add_file(&CTX, handle, inputType, fileName)
+    }
+}
 ///`__nvJitLinkComplete_12_1` for CUDA 12.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkComplete_12_1(
@@ -351,6 +401,28 @@ pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkComplete_13_1(
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "__nvJitLinkComplete_13_1",
             version: "13.1",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::complete(&CTX, handle)
+    }
+}
+///`__nvJitLinkComplete_13_5` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkComplete_13_5(
+    handle: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkComplete_13_5",
+            version: "13.5",
             library: "nvjitlink",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -484,6 +556,30 @@ pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkCreate_13_1(
         crate::custom::nvjitlink::create(&CTX, handle, numOptions, options)
     }
 }
+///`__nvJitLinkCreate_13_5` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkCreate_13_5(
+    handle: *mut c_void,
+    numOptions: u32,
+    options: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkCreate_13_5",
+            version: "13.5",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::create(&CTX, handle, numOptions, options)
+    }
+}
 ///`__nvJitLinkDestroy_12_1` for CUDA 12.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkDestroy_12_1(
@@ -581,6 +677,28 @@ pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkDestroy_13_1(
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "__nvJitLinkDestroy_13_1",
             version: "13.1",
+            library: "nvjitlink",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 6i64,
+                unavailable: 6i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::nvjitlink::destroy(&CTX, handle)
+    }
+}
+///`__nvJitLinkDestroy_13_5` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkDestroy_13_5(
+    handle: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "__nvJitLinkDestroy_13_5",
+            version: "13.5",
             library: "nvjitlink",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -717,6 +835,34 @@ pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetErrorLogSize_13_1(
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "__nvJitLinkGetErrorLogSize_13_1",
                 version: "13.1",
+                library: "nvjitlink",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 6i64,
+                    unavailable: 6i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::nvjitlink::output(
+                &CTX,
+                &[(handle) as usize as u64, (size) as usize as u64],
+            )
+        }) as u32
+    }
+}
+///`__nvJitLinkGetErrorLogSize_13_5` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetErrorLogSize_13_5(
+    handle: *mut c_void,
+    size: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "__nvJitLinkGetErrorLogSize_13_5",
+                version: "13.5",
                 library: "nvjitlink",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -874,6 +1020,34 @@ pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetErrorLog_13_1(
         }) as u32
     }
 }
+///`__nvJitLinkGetErrorLog_13_5` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetErrorLog_13_5(
+    handle: *mut c_void,
+    log: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "__nvJitLinkGetErrorLog_13_5",
+                version: "13.5",
+                library: "nvjitlink",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 6i64,
+                    unavailable: 6i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::nvjitlink::output(
+                &CTX,
+                &[(handle) as usize as u64, (log) as usize as u64],
+            )
+        }) as u32
+    }
+}
 ///`__nvJitLinkGetInfoLogSize_12_1` for CUDA 12.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetInfoLogSize_12_1(
@@ -997,6 +1171,34 @@ pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetInfoLogSize_13_1(
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "__nvJitLinkGetInfoLogSize_13_1",
                 version: "13.1",
+                library: "nvjitlink",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 6i64,
+                    unavailable: 6i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::nvjitlink::output(
+                &CTX,
+                &[(handle) as usize as u64, (size) as usize as u64],
+            )
+        }) as u32
+    }
+}
+///`__nvJitLinkGetInfoLogSize_13_5` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetInfoLogSize_13_5(
+    handle: *mut c_void,
+    size: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "__nvJitLinkGetInfoLogSize_13_5",
+                version: "13.5",
                 library: "nvjitlink",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -1154,6 +1356,34 @@ pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetInfoLog_13_1(
         }) as u32
     }
 }
+///`__nvJitLinkGetInfoLog_13_5` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetInfoLog_13_5(
+    handle: *mut c_void,
+    log: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "__nvJitLinkGetInfoLog_13_5",
+                version: "13.5",
+                library: "nvjitlink",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 6i64,
+                    unavailable: 6i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::nvjitlink::output(
+                &CTX,
+                &[(handle) as usize as u64, (log) as usize as u64],
+            )
+        }) as u32
+    }
+}
 ///`__nvJitLinkGetLinkedCubinSize_12_1` for CUDA 12.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetLinkedCubinSize_12_1(
@@ -1277,6 +1507,34 @@ pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetLinkedCubinSize_13_1(
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "__nvJitLinkGetLinkedCubinSize_13_1",
                 version: "13.1",
+                library: "nvjitlink",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 6i64,
+                    unavailable: 6i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::nvjitlink::output(
+                &CTX,
+                &[(handle) as usize as u64, (size) as usize as u64],
+            )
+        }) as u32
+    }
+}
+///`__nvJitLinkGetLinkedCubinSize_13_5` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetLinkedCubinSize_13_5(
+    handle: *mut c_void,
+    size: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "__nvJitLinkGetLinkedCubinSize_13_5",
+                version: "13.5",
                 library: "nvjitlink",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -1434,6 +1692,34 @@ pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetLinkedCubin_13_1(
         }) as u32
     }
 }
+///`__nvJitLinkGetLinkedCubin_13_5` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetLinkedCubin_13_5(
+    handle: *mut c_void,
+    cubin: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "__nvJitLinkGetLinkedCubin_13_5",
+                version: "13.5",
+                library: "nvjitlink",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 6i64,
+                    unavailable: 6i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::nvjitlink::output(
+                &CTX,
+                &[(handle) as usize as u64, (cubin) as usize as u64],
+            )
+        }) as u32
+    }
+}
 ///`__nvJitLinkGetLinkedPtxSize_12_1` for CUDA 12.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetLinkedPtxSize_12_1(
@@ -1557,6 +1843,34 @@ pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetLinkedPtxSize_13_1(
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "__nvJitLinkGetLinkedPtxSize_13_1",
                 version: "13.1",
+                library: "nvjitlink",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 6i64,
+                    unavailable: 6i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::nvjitlink::output(
+                &CTX,
+                &[(handle) as usize as u64, (size) as usize as u64],
+            )
+        }) as u32
+    }
+}
+///`__nvJitLinkGetLinkedPtxSize_13_5` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetLinkedPtxSize_13_5(
+    handle: *mut c_void,
+    size: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "__nvJitLinkGetLinkedPtxSize_13_5",
+                version: "13.5",
                 library: "nvjitlink",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -1714,6 +2028,34 @@ pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetLinkedPtx_13_1(
         }) as u32
     }
 }
+///`__nvJitLinkGetLinkedPtx_13_5` for CUDA 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvjitlink___nvJitLinkGetLinkedPtx_13_5(
+    handle: *mut c_void,
+    ptx: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "__nvJitLinkGetLinkedPtx_13_5",
+                version: "13.5",
+                library: "nvjitlink",
+                forms: &[],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 6i64,
+                    unavailable: 6i64,
+                    invalid_handle: 3i64,
+                    invalid_value: 3i64,
+                },
+            };
+            crate::custom::nvjitlink::output(
+                &CTX,
+                &[(handle) as usize as u64, (ptx) as usize as u64],
+            )
+        }) as u32
+    }
+}
 ///`nvJitLinkVersion` for CUDA 12.6, 12.8 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvjitlink_nvJitLinkVersion__cu126(
@@ -1737,7 +2079,7 @@ pub unsafe extern "C" fn __chidori_nvjitlink_nvJitLinkVersion__cu126(
         crate::custom::nvjitlink::version(&CTX, major, minor)
     }
 }
-///`nvJitLinkVersion` for CUDA 13.0, 13.1 (custom).
+///`nvJitLinkVersion` for CUDA 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvjitlink_nvJitLinkVersion__cu130(
     major: *mut c_void,
@@ -1746,7 +2088,7 @@ pub unsafe extern "C" fn __chidori_nvjitlink_nvJitLinkVersion__cu130(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "nvJitLinkVersion",
-            version: "13.1",
+            version: "13.5",
             library: "nvjitlink",
             forms: &[],
             codes: chidori_cuda::desc::Codes {

@@ -4,7 +4,7 @@
 
 #[allow(unused_imports)]
 use core::ffi::c_void;
-///`nvmlComputeInstanceGetInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlComputeInstanceGetInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlComputeInstanceGetInfo(
     computeInstance: *mut c_void,
@@ -17,7 +17,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlComputeInstanceGetInfo(
         ) as u32
     }
 }
-///`nvmlComputeInstanceGetInfo_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlComputeInstanceGetInfo_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlComputeInstanceGetInfo_v2(
     computeInstance: *mut c_void,
@@ -43,7 +43,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceCcuGetStreamState(
         ) as u32
     }
 }
-///`nvmlDeviceGetAPIRestriction` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetAPIRestriction` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetAPIRestriction(
     device: *mut c_void,
@@ -57,7 +57,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetAPIRestriction(
         ) as u32
     }
 }
-///`nvmlDeviceGetAccountingBufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetAccountingBufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetAccountingBufferSize(
     device: *mut c_void,
@@ -70,7 +70,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetAccountingBufferSize(
         ) as u32
     }
 }
-///`nvmlDeviceGetAccountingMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetAccountingMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetAccountingMode(
     device: *mut c_void,
@@ -83,7 +83,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetAccountingMode(
         ) as u32
     }
 }
-///`nvmlDeviceGetActiveVgpus` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetActiveVgpus` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetActiveVgpus(
     device: *mut c_void,
@@ -101,7 +101,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetActiveVgpus(
         ) as u32
     }
 }
-///`nvmlDeviceGetAdaptiveClockInfoStatus` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetAdaptiveClockInfoStatus` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetAdaptiveClockInfoStatus(
     device: *mut c_void,
@@ -114,7 +114,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetAdaptiveClockInfoStatus(
         ) as u32
     }
 }
-///`nvmlDeviceGetAddressingMode` for CUDA 13.0, 13.1 (sync).
+///`nvmlDeviceGetAddressingMode` for CUDA 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetAddressingMode(
     device: *mut c_void,
@@ -127,7 +127,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetAddressingMode(
         ) as u32
     }
 }
-///`nvmlDeviceGetApplicationsClock` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetApplicationsClock` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetApplicationsClock(
     device: *mut c_void,
@@ -141,7 +141,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetApplicationsClock(
         ) as u32
     }
 }
-///`nvmlDeviceGetArchitecture` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetArchitecture` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetArchitecture(
     device: *mut c_void,
@@ -154,7 +154,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetArchitecture(
         ) as u32
     }
 }
-///`nvmlDeviceGetAttributes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetAttributes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetAttributes(
     device: *mut c_void,
@@ -167,7 +167,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetAttributes(
         ) as u32
     }
 }
-///`nvmlDeviceGetAttributes_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetAttributes_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetAttributes_v2(
     device: *mut c_void,
@@ -180,7 +180,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetAttributes_v2(
         ) as u32
     }
 }
-///`nvmlDeviceGetAutoBoostedClocksEnabled` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetAutoBoostedClocksEnabled` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetAutoBoostedClocksEnabled(
     device: *mut c_void,
@@ -198,7 +198,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetAutoBoostedClocksEnabled(
         ) as u32
     }
 }
-///`nvmlDeviceGetBAR1MemoryInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetBAR1MemoryInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetBAR1MemoryInfo(
     device: *mut c_void,
@@ -211,7 +211,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetBAR1MemoryInfo(
         ) as u32
     }
 }
-///`nvmlDeviceGetBoardId` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetBoardId` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetBoardId(
     device: *mut c_void,
@@ -224,7 +224,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetBoardId(
         ) as u32
     }
 }
-///`nvmlDeviceGetBoardPartNumber` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetBoardPartNumber` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetBoardPartNumber(
     device: *mut c_void,
@@ -238,7 +238,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetBoardPartNumber(
         ) as u32
     }
 }
-///`nvmlDeviceGetBrand` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetBrand` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetBrand(
     device: *mut c_void,
@@ -251,7 +251,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetBrand(
         ) as u32
     }
 }
-///`nvmlDeviceGetBridgeChipInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetBridgeChipInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetBridgeChipInfo(
     device: *mut c_void,
@@ -264,7 +264,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetBridgeChipInfo(
         ) as u32
     }
 }
-///`nvmlDeviceGetBusType` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetBusType` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetBusType(
     device: *mut c_void,
@@ -277,7 +277,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetBusType(
         ) as u32
     }
 }
-///`nvmlDeviceGetC2cModeInfoV` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetC2cModeInfoV` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetC2cModeInfoV(
     device: *mut c_void,
@@ -290,7 +290,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetC2cModeInfoV(
         ) as u32
     }
 }
-///`nvmlDeviceGetCapabilities` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetCapabilities` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetCapabilities(
     device: *mut c_void,
@@ -303,7 +303,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetCapabilities(
         ) as u32
     }
 }
-///`nvmlDeviceGetClkMonStatus` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetClkMonStatus` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetClkMonStatus(
     device: *mut c_void,
@@ -316,7 +316,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetClkMonStatus(
         ) as u32
     }
 }
-///`nvmlDeviceGetClock` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetClock` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetClock(
     device: *mut c_void,
@@ -336,7 +336,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetClock(
         ) as u32
     }
 }
-///`nvmlDeviceGetClockInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetClockInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetClockInfo(
     device: *mut c_void,
@@ -350,7 +350,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetClockInfo(
         ) as u32
     }
 }
-///`nvmlDeviceGetClockOffsets` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetClockOffsets` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetClockOffsets(
     device: *mut c_void,
@@ -363,7 +363,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetClockOffsets(
         ) as u32
     }
 }
-///`nvmlDeviceGetComputeInstanceId` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetComputeInstanceId` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetComputeInstanceId(
     device: *mut c_void,
@@ -376,7 +376,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetComputeInstanceId(
         ) as u32
     }
 }
-///`nvmlDeviceGetComputeMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetComputeMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetComputeMode(
     device: *mut c_void,
@@ -389,7 +389,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetComputeMode(
         ) as u32
     }
 }
-///`nvmlDeviceGetComputeRunningProcesses` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`nvmlDeviceGetComputeRunningProcesses` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetComputeRunningProcesses(
     device: *mut c_void,
@@ -400,7 +400,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetComputeRunningProcesses(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "nvmlDeviceGetComputeRunningProcesses",
-                version: "13.1",
+                version: "13.5",
                 library: "nvml",
                 forms: &[
                     &chidori_cuda::calls::nvml::nvmlDeviceGetComputeRunningProcesses__processes,
@@ -424,7 +424,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetComputeRunningProcesses(
         }) as u32
     }
 }
-///`nvmlDeviceGetComputeRunningProcesses_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`nvmlDeviceGetComputeRunningProcesses_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetComputeRunningProcesses_v2(
     device: *mut c_void,
@@ -435,7 +435,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetComputeRunningProcesses_v2(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "nvmlDeviceGetComputeRunningProcesses_v2",
-                version: "13.1",
+                version: "13.5",
                 library: "nvml",
                 forms: &[
                     &chidori_cuda::calls::nvml::nvmlDeviceGetComputeRunningProcesses_v2__processes,
@@ -494,7 +494,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetComputeRunningProcesses_v3_
         }) as u32
     }
 }
-///`nvmlDeviceGetComputeRunningProcesses_v3` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+///`nvmlDeviceGetComputeRunningProcesses_v3` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetComputeRunningProcesses_v3__cu126(
     device: *mut c_void,
@@ -505,7 +505,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetComputeRunningProcesses_v3_
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "nvmlDeviceGetComputeRunningProcesses_v3",
-                version: "13.1",
+                version: "13.5",
                 library: "nvml",
                 forms: &[
                     &chidori_cuda::calls::nvml::nvmlDeviceGetComputeRunningProcesses_v3__cu126__processes,
@@ -529,7 +529,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetComputeRunningProcesses_v3_
         }) as u32
     }
 }
-///`nvmlDeviceGetConfComputeGpuAttestationReport` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetConfComputeGpuAttestationReport` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetConfComputeGpuAttestationReport(
     device: *mut c_void,
@@ -542,7 +542,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetConfComputeGpuAttestationRe
         ) as u32
     }
 }
-///`nvmlDeviceGetConfComputeGpuCertificate` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetConfComputeGpuCertificate` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetConfComputeGpuCertificate(
     device: *mut c_void,
@@ -555,7 +555,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetConfComputeGpuCertificate(
         ) as u32
     }
 }
-///`nvmlDeviceGetConfComputeMemSizeInfo` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetConfComputeMemSizeInfo` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetConfComputeMemSizeInfo(
     device: *mut c_void,
@@ -568,7 +568,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetConfComputeMemSizeInfo(
         ) as u32
     }
 }
-///`nvmlDeviceGetConfComputeProtectedMemoryUsage` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetConfComputeProtectedMemoryUsage` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetConfComputeProtectedMemoryUsage(
     device: *mut c_void,
@@ -581,7 +581,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetConfComputeProtectedMemoryU
         ) as u32
     }
 }
-///`nvmlDeviceGetCoolerInfo` for CUDA 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetCoolerInfo` for CUDA 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetCoolerInfo(
     device: *mut c_void,
@@ -594,7 +594,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetCoolerInfo(
         ) as u32
     }
 }
-///`nvmlDeviceGetCount` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`nvmlDeviceGetCount` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetCount(
     deviceCount: *mut c_void,
@@ -602,7 +602,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetCount(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "nvmlDeviceGetCount",
-            version: "13.1",
+            version: "13.5",
             library: "nvml",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -616,7 +616,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetCount(
         crate::custom::nvml::device_count(&CTX, deviceCount)
     }
 }
-///`nvmlDeviceGetCount_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`nvmlDeviceGetCount_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetCount_v2(
     deviceCount: *mut c_void,
@@ -624,7 +624,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetCount_v2(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "nvmlDeviceGetCount_v2",
-            version: "13.1",
+            version: "13.5",
             library: "nvml",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -638,7 +638,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetCount_v2(
         crate::custom::nvml::device_count(&CTX, deviceCount)
     }
 }
-///`nvmlDeviceGetCpuAffinity` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetCpuAffinity` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetCpuAffinity(
     device: *mut c_void,
@@ -652,7 +652,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetCpuAffinity(
         ) as u32
     }
 }
-///`nvmlDeviceGetCpuAffinityWithinScope` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetCpuAffinityWithinScope` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetCpuAffinityWithinScope(
     device: *mut c_void,
@@ -672,7 +672,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetCpuAffinityWithinScope(
         ) as u32
     }
 }
-///`nvmlDeviceGetCreatableVgpus` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetCreatableVgpus` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetCreatableVgpus(
     device: *mut c_void,
@@ -690,7 +690,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetCreatableVgpus(
         ) as u32
     }
 }
-///`nvmlDeviceGetCudaComputeCapability` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetCudaComputeCapability` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetCudaComputeCapability(
     device: *mut c_void,
@@ -704,7 +704,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetCudaComputeCapability(
         ) as u32
     }
 }
-///`nvmlDeviceGetCurrPcieLinkGeneration` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetCurrPcieLinkGeneration` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetCurrPcieLinkGeneration(
     device: *mut c_void,
@@ -717,7 +717,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetCurrPcieLinkGeneration(
         ) as u32
     }
 }
-///`nvmlDeviceGetCurrPcieLinkWidth` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetCurrPcieLinkWidth` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetCurrPcieLinkWidth(
     device: *mut c_void,
@@ -730,7 +730,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetCurrPcieLinkWidth(
         ) as u32
     }
 }
-///`nvmlDeviceGetCurrentClockFreqs` for CUDA 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetCurrentClockFreqs` for CUDA 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetCurrentClockFreqs(
     device: *mut c_void,
@@ -743,7 +743,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetCurrentClockFreqs(
         ) as u32
     }
 }
-///`nvmlDeviceGetCurrentClocksEventReasons` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetCurrentClocksEventReasons` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetCurrentClocksEventReasons(
     device: *mut c_void,
@@ -756,7 +756,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetCurrentClocksEventReasons(
         ) as u32
     }
 }
-///`nvmlDeviceGetCurrentClocksThrottleReasons` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetCurrentClocksThrottleReasons` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetCurrentClocksThrottleReasons(
     device: *mut c_void,
@@ -769,7 +769,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetCurrentClocksThrottleReason
         ) as u32
     }
 }
-///`nvmlDeviceGetDecoderUtilization` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetDecoderUtilization` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetDecoderUtilization(
     device: *mut c_void,
@@ -787,7 +787,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetDecoderUtilization(
         ) as u32
     }
 }
-///`nvmlDeviceGetDefaultApplicationsClock` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetDefaultApplicationsClock` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetDefaultApplicationsClock(
     device: *mut c_void,
@@ -801,7 +801,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetDefaultApplicationsClock(
         ) as u32
     }
 }
-///`nvmlDeviceGetDefaultEccMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetDefaultEccMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetDefaultEccMode(
     device: *mut c_void,
@@ -814,7 +814,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetDefaultEccMode(
         ) as u32
     }
 }
-///`nvmlDeviceGetDetailedEccErrors` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetDetailedEccErrors` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetDetailedEccErrors(
     device: *mut c_void,
@@ -834,7 +834,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetDetailedEccErrors(
         ) as u32
     }
 }
-///`nvmlDeviceGetDeviceHandleFromMigDeviceHandle` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetDeviceHandleFromMigDeviceHandle` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetDeviceHandleFromMigDeviceHandle(
     migDevice: *mut c_void,
@@ -847,7 +847,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetDeviceHandleFromMigDeviceHa
         ) as u32
     }
 }
-///`nvmlDeviceGetDisplayActive` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetDisplayActive` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetDisplayActive(
     device: *mut c_void,
@@ -860,7 +860,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetDisplayActive(
         ) as u32
     }
 }
-///`nvmlDeviceGetDisplayMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetDisplayMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetDisplayMode(
     device: *mut c_void,
@@ -873,7 +873,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetDisplayMode(
         ) as u32
     }
 }
-///`nvmlDeviceGetDramEncryptionMode` for CUDA 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetDramEncryptionMode` for CUDA 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetDramEncryptionMode(
     device: *mut c_void,
@@ -891,7 +891,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetDramEncryptionMode(
         ) as u32
     }
 }
-///`nvmlDeviceGetDriverModel` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetDriverModel` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetDriverModel(
     device: *mut c_void,
@@ -909,7 +909,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetDriverModel(
         ) as u32
     }
 }
-///`nvmlDeviceGetDriverModel_v2` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetDriverModel_v2` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetDriverModel_v2(
     device: *mut c_void,
@@ -927,7 +927,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetDriverModel_v2(
         ) as u32
     }
 }
-///`nvmlDeviceGetDynamicPstatesInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetDynamicPstatesInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetDynamicPstatesInfo(
     device: *mut c_void,
@@ -940,7 +940,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetDynamicPstatesInfo(
         ) as u32
     }
 }
-///`nvmlDeviceGetEccMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetEccMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetEccMode(
     device: *mut c_void,
@@ -958,7 +958,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetEccMode(
         ) as u32
     }
 }
-///`nvmlDeviceGetEncoderCapacity` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetEncoderCapacity` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetEncoderCapacity(
     device: *mut c_void,
@@ -976,7 +976,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetEncoderCapacity(
         ) as u32
     }
 }
-///`nvmlDeviceGetEncoderSessions` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetEncoderSessions` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetEncoderSessions(
     device: *mut c_void,
@@ -994,7 +994,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetEncoderSessions(
         ) as u32
     }
 }
-///`nvmlDeviceGetEncoderStats` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetEncoderStats` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetEncoderStats(
     device: *mut c_void,
@@ -1014,7 +1014,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetEncoderStats(
         ) as u32
     }
 }
-///`nvmlDeviceGetEncoderUtilization` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetEncoderUtilization` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetEncoderUtilization(
     device: *mut c_void,
@@ -1032,7 +1032,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetEncoderUtilization(
         ) as u32
     }
 }
-///`nvmlDeviceGetEnforcedPowerLimit` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetEnforcedPowerLimit` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetEnforcedPowerLimit(
     device: *mut c_void,
@@ -1045,7 +1045,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetEnforcedPowerLimit(
         ) as u32
     }
 }
-///`nvmlDeviceGetFBCSessions` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetFBCSessions` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetFBCSessions(
     device: *mut c_void,
@@ -1063,7 +1063,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetFBCSessions(
         ) as u32
     }
 }
-///`nvmlDeviceGetFBCStats` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetFBCStats` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetFBCStats(
     device: *mut c_void,
@@ -1076,7 +1076,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetFBCStats(
         ) as u32
     }
 }
-///`nvmlDeviceGetFanControlPolicy_v2` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetFanControlPolicy_v2` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetFanControlPolicy_v2(
     device: *mut c_void,
@@ -1090,7 +1090,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetFanControlPolicy_v2(
         ) as u32
     }
 }
-///`nvmlDeviceGetFanSpeed` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetFanSpeed` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetFanSpeed(
     device: *mut c_void,
@@ -1103,7 +1103,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetFanSpeed(
         ) as u32
     }
 }
-///`nvmlDeviceGetFanSpeedRPM` for CUDA 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetFanSpeedRPM` for CUDA 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetFanSpeedRPM(
     device: *mut c_void,
@@ -1116,7 +1116,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetFanSpeedRPM(
         ) as u32
     }
 }
-///`nvmlDeviceGetFanSpeed_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetFanSpeed_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetFanSpeed_v2(
     device: *mut c_void,
@@ -1148,7 +1148,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetFieldValues__cu118(
         ) as u32
     }
 }
-///`nvmlDeviceGetFieldValues` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetFieldValues` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetFieldValues__cu126(
     device: *mut c_void,
@@ -1166,7 +1166,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetFieldValues__cu126(
         ) as u32
     }
 }
-///`nvmlDeviceGetGpcClkMinMaxVfOffset` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetGpcClkMinMaxVfOffset` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGpcClkMinMaxVfOffset(
     device: *mut c_void,
@@ -1184,7 +1184,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGpcClkMinMaxVfOffset(
         ) as u32
     }
 }
-///`nvmlDeviceGetGpcClkVfOffset` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetGpcClkVfOffset` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGpcClkVfOffset(
     device: *mut c_void,
@@ -1210,7 +1210,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGpuFabricInfo__cu121(
         ) as u32
     }
 }
-///`nvmlDeviceGetGpuFabricInfo` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetGpuFabricInfo` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGpuFabricInfo__cu126(
     device: *mut c_void,
@@ -1236,7 +1236,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGpuFabricInfoV__cu126(
         ) as u32
     }
 }
-///`nvmlDeviceGetGpuFabricInfoV` for CUDA 13.0, 13.1 (sync).
+///`nvmlDeviceGetGpuFabricInfoV` for CUDA 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGpuFabricInfoV__cu130(
     device: *mut c_void,
@@ -1249,7 +1249,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGpuFabricInfoV__cu130(
         ) as u32
     }
 }
-///`nvmlDeviceGetGpuInstanceById` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetGpuInstanceById` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGpuInstanceById(
     device: *mut c_void,
@@ -1263,7 +1263,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGpuInstanceById(
         ) as u32
     }
 }
-///`nvmlDeviceGetGpuInstanceId` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetGpuInstanceId` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGpuInstanceId(
     device: *mut c_void,
@@ -1276,7 +1276,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGpuInstanceId(
         ) as u32
     }
 }
-///`nvmlDeviceGetGpuInstanceProfileInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetGpuInstanceProfileInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGpuInstanceProfileInfo(
     device: *mut c_void,
@@ -1290,7 +1290,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGpuInstanceProfileInfo(
         ) as u32
     }
 }
-///`nvmlDeviceGetGpuInstanceProfileInfoByIdV` for CUDA 13.0, 13.1 (sync).
+///`nvmlDeviceGetGpuInstanceProfileInfoByIdV` for CUDA 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGpuInstanceProfileInfoByIdV(
     device: *mut c_void,
@@ -1304,7 +1304,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGpuInstanceProfileInfoByIdV
         ) as u32
     }
 }
-///`nvmlDeviceGetGpuInstanceProfileInfoV` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetGpuInstanceProfileInfoV` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGpuInstanceProfileInfoV(
     device: *mut c_void,
@@ -1318,7 +1318,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGpuInstanceProfileInfoV(
         ) as u32
     }
 }
-///`nvmlDeviceGetGpuInstanceRemainingCapacity` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetGpuInstanceRemainingCapacity` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGpuInstanceRemainingCapacity(
     device: *mut c_void,
@@ -1332,7 +1332,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGpuInstanceRemainingCapacit
         ) as u32
     }
 }
-///`nvmlDeviceGetGpuMaxPcieLinkGeneration` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetGpuMaxPcieLinkGeneration` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGpuMaxPcieLinkGeneration(
     device: *mut c_void,
@@ -1345,7 +1345,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGpuMaxPcieLinkGeneration(
         ) as u32
     }
 }
-///`nvmlDeviceGetGpuOperationMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetGpuOperationMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGpuOperationMode(
     device: *mut c_void,
@@ -1363,7 +1363,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGpuOperationMode(
         ) as u32
     }
 }
-///`nvmlDeviceGetGraphicsRunningProcesses` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`nvmlDeviceGetGraphicsRunningProcesses` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGraphicsRunningProcesses(
     device: *mut c_void,
@@ -1374,7 +1374,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGraphicsRunningProcesses(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "nvmlDeviceGetGraphicsRunningProcesses",
-                version: "13.1",
+                version: "13.5",
                 library: "nvml",
                 forms: &[
                     &chidori_cuda::calls::nvml::nvmlDeviceGetGraphicsRunningProcesses__processes,
@@ -1398,7 +1398,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGraphicsRunningProcesses(
         }) as u32
     }
 }
-///`nvmlDeviceGetGraphicsRunningProcesses_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`nvmlDeviceGetGraphicsRunningProcesses_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGraphicsRunningProcesses_v2(
     device: *mut c_void,
@@ -1409,7 +1409,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGraphicsRunningProcesses_v2
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "nvmlDeviceGetGraphicsRunningProcesses_v2",
-                version: "13.1",
+                version: "13.5",
                 library: "nvml",
                 forms: &[
                     &chidori_cuda::calls::nvml::nvmlDeviceGetGraphicsRunningProcesses_v2__processes,
@@ -1468,7 +1468,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGraphicsRunningProcesses_v3
         }) as u32
     }
 }
-///`nvmlDeviceGetGraphicsRunningProcesses_v3` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+///`nvmlDeviceGetGraphicsRunningProcesses_v3` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGraphicsRunningProcesses_v3__cu126(
     device: *mut c_void,
@@ -1479,7 +1479,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGraphicsRunningProcesses_v3
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "nvmlDeviceGetGraphicsRunningProcesses_v3",
-                version: "13.1",
+                version: "13.5",
                 library: "nvml",
                 forms: &[
                     &chidori_cuda::calls::nvml::nvmlDeviceGetGraphicsRunningProcesses_v3__cu126__processes,
@@ -1503,7 +1503,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGraphicsRunningProcesses_v3
         }) as u32
     }
 }
-///`nvmlDeviceGetGridLicensableFeatures` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetGridLicensableFeatures` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGridLicensableFeatures(
     device: *mut c_void,
@@ -1516,7 +1516,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGridLicensableFeatures(
         ) as u32
     }
 }
-///`nvmlDeviceGetGridLicensableFeatures_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetGridLicensableFeatures_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGridLicensableFeatures_v2(
     device: *mut c_void,
@@ -1529,7 +1529,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGridLicensableFeatures_v2(
         ) as u32
     }
 }
-///`nvmlDeviceGetGridLicensableFeatures_v3` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetGridLicensableFeatures_v3` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGridLicensableFeatures_v3(
     device: *mut c_void,
@@ -1542,7 +1542,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGridLicensableFeatures_v3(
         ) as u32
     }
 }
-///`nvmlDeviceGetGridLicensableFeatures_v4` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetGridLicensableFeatures_v4` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGridLicensableFeatures_v4(
     device: *mut c_void,
@@ -1555,7 +1555,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGridLicensableFeatures_v4(
         ) as u32
     }
 }
-///`nvmlDeviceGetGspFirmwareMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetGspFirmwareMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGspFirmwareMode(
     device: *mut c_void,
@@ -1573,7 +1573,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGspFirmwareMode(
         ) as u32
     }
 }
-///`nvmlDeviceGetGspFirmwareVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetGspFirmwareVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGspFirmwareVersion(
     device: *mut c_void,
@@ -1586,7 +1586,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGspFirmwareVersion(
         ) as u32
     }
 }
-///`nvmlDeviceGetHandleByIndex` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetHandleByIndex` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetHandleByIndex(
     index: u32,
@@ -1599,7 +1599,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetHandleByIndex(
         ) as u32
     }
 }
-///`nvmlDeviceGetHandleByIndex_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetHandleByIndex_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetHandleByIndex_v2(
     index: u32,
@@ -1612,7 +1612,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetHandleByIndex_v2(
         ) as u32
     }
 }
-///`nvmlDeviceGetHandleByPciBusId` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetHandleByPciBusId` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetHandleByPciBusId(
     pciBusId: *mut c_void,
@@ -1625,7 +1625,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetHandleByPciBusId(
         ) as u32
     }
 }
-///`nvmlDeviceGetHandleByPciBusId_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetHandleByPciBusId_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetHandleByPciBusId_v2(
     pciBusId: *mut c_void,
@@ -1638,7 +1638,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetHandleByPciBusId_v2(
         ) as u32
     }
 }
-///`nvmlDeviceGetHandleBySerial` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetHandleBySerial` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetHandleBySerial(
     serial: *mut c_void,
@@ -1651,7 +1651,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetHandleBySerial(
         ) as u32
     }
 }
-///`nvmlDeviceGetHandleByUUID` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetHandleByUUID` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetHandleByUUID(
     uuid: *mut c_void,
@@ -1664,7 +1664,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetHandleByUUID(
         ) as u32
     }
 }
-///`nvmlDeviceGetHandleByUUIDV` for CUDA 13.0, 13.1 (sync).
+///`nvmlDeviceGetHandleByUUIDV` for CUDA 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetHandleByUUIDV(
     uuid: *mut c_void,
@@ -1677,7 +1677,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetHandleByUUIDV(
         ) as u32
     }
 }
-///`nvmlDeviceGetHostVgpuMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetHostVgpuMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetHostVgpuMode(
     device: *mut c_void,
@@ -1690,7 +1690,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetHostVgpuMode(
         ) as u32
     }
 }
-///`nvmlDeviceGetHostname_v1` for CUDA 13.0, 13.1 (sync).
+///`nvmlDeviceGetHostname_v1` for CUDA 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetHostname_v1(
     device: *mut c_void,
@@ -1703,7 +1703,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetHostname_v1(
         ) as u32
     }
 }
-///`nvmlDeviceGetIndex` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetIndex` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetIndex(
     device: *mut c_void,
@@ -1716,7 +1716,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetIndex(
         ) as u32
     }
 }
-///`nvmlDeviceGetInforomConfigurationChecksum` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetInforomConfigurationChecksum` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetInforomConfigurationChecksum(
     device: *mut c_void,
@@ -1729,7 +1729,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetInforomConfigurationChecksu
         ) as u32
     }
 }
-///`nvmlDeviceGetInforomImageVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetInforomImageVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetInforomImageVersion(
     device: *mut c_void,
@@ -1743,7 +1743,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetInforomImageVersion(
         ) as u32
     }
 }
-///`nvmlDeviceGetInforomVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetInforomVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetInforomVersion(
     device: *mut c_void,
@@ -1763,7 +1763,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetInforomVersion(
         ) as u32
     }
 }
-///`nvmlDeviceGetIrqNum` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetIrqNum` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetIrqNum(
     device: *mut c_void,
@@ -1776,7 +1776,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetIrqNum(
         ) as u32
     }
 }
-///`nvmlDeviceGetJpgUtilization` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetJpgUtilization` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetJpgUtilization(
     device: *mut c_void,
@@ -1794,7 +1794,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetJpgUtilization(
         ) as u32
     }
 }
-///`nvmlDeviceGetLastBBXFlushTime` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetLastBBXFlushTime` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetLastBBXFlushTime(
     device: *mut c_void,
@@ -1812,7 +1812,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetLastBBXFlushTime(
         ) as u32
     }
 }
-///`nvmlDeviceGetMPSComputeRunningProcesses` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`nvmlDeviceGetMPSComputeRunningProcesses` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMPSComputeRunningProcesses(
     device: *mut c_void,
@@ -1823,7 +1823,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMPSComputeRunningProcesses(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "nvmlDeviceGetMPSComputeRunningProcesses",
-                version: "13.1",
+                version: "13.5",
                 library: "nvml",
                 forms: &[
                     &chidori_cuda::calls::nvml::nvmlDeviceGetMPSComputeRunningProcesses__processes,
@@ -1847,7 +1847,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMPSComputeRunningProcesses(
         }) as u32
     }
 }
-///`nvmlDeviceGetMPSComputeRunningProcesses_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`nvmlDeviceGetMPSComputeRunningProcesses_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMPSComputeRunningProcesses_v2(
     device: *mut c_void,
@@ -1858,7 +1858,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMPSComputeRunningProcesses_
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "nvmlDeviceGetMPSComputeRunningProcesses_v2",
-                version: "13.1",
+                version: "13.5",
                 library: "nvml",
                 forms: &[
                     &chidori_cuda::calls::nvml::nvmlDeviceGetMPSComputeRunningProcesses_v2__processes,
@@ -1917,7 +1917,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMPSComputeRunningProcesses_
         }) as u32
     }
 }
-///`nvmlDeviceGetMPSComputeRunningProcesses_v3` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+///`nvmlDeviceGetMPSComputeRunningProcesses_v3` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMPSComputeRunningProcesses_v3__cu126(
     device: *mut c_void,
@@ -1928,7 +1928,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMPSComputeRunningProcesses_
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "nvmlDeviceGetMPSComputeRunningProcesses_v3",
-                version: "13.1",
+                version: "13.5",
                 library: "nvml",
                 forms: &[
                     &chidori_cuda::calls::nvml::nvmlDeviceGetMPSComputeRunningProcesses_v3__cu126__processes,
@@ -1952,7 +1952,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMPSComputeRunningProcesses_
         }) as u32
     }
 }
-///`nvmlDeviceGetMarginTemperature` for CUDA 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetMarginTemperature` for CUDA 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMarginTemperature(
     device: *mut c_void,
@@ -1965,7 +1965,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMarginTemperature(
         ) as u32
     }
 }
-///`nvmlDeviceGetMaxClockInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetMaxClockInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMaxClockInfo(
     device: *mut c_void,
@@ -1979,7 +1979,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMaxClockInfo(
         ) as u32
     }
 }
-///`nvmlDeviceGetMaxCustomerBoostClock` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetMaxCustomerBoostClock` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMaxCustomerBoostClock(
     device: *mut c_void,
@@ -1993,7 +1993,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMaxCustomerBoostClock(
         ) as u32
     }
 }
-///`nvmlDeviceGetMaxMigDeviceCount` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetMaxMigDeviceCount` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMaxMigDeviceCount(
     device: *mut c_void,
@@ -2006,7 +2006,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMaxMigDeviceCount(
         ) as u32
     }
 }
-///`nvmlDeviceGetMaxPcieLinkGeneration` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetMaxPcieLinkGeneration` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMaxPcieLinkGeneration(
     device: *mut c_void,
@@ -2019,7 +2019,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMaxPcieLinkGeneration(
         ) as u32
     }
 }
-///`nvmlDeviceGetMaxPcieLinkWidth` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetMaxPcieLinkWidth` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMaxPcieLinkWidth(
     device: *mut c_void,
@@ -2032,7 +2032,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMaxPcieLinkWidth(
         ) as u32
     }
 }
-///`nvmlDeviceGetMemClkMinMaxVfOffset` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetMemClkMinMaxVfOffset` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMemClkMinMaxVfOffset(
     device: *mut c_void,
@@ -2050,7 +2050,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMemClkMinMaxVfOffset(
         ) as u32
     }
 }
-///`nvmlDeviceGetMemClkVfOffset` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetMemClkVfOffset` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMemClkVfOffset(
     device: *mut c_void,
@@ -2063,7 +2063,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMemClkVfOffset(
         ) as u32
     }
 }
-///`nvmlDeviceGetMemoryAffinity` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetMemoryAffinity` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMemoryAffinity(
     device: *mut c_void,
@@ -2083,7 +2083,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMemoryAffinity(
         ) as u32
     }
 }
-///`nvmlDeviceGetMemoryBusWidth` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetMemoryBusWidth` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMemoryBusWidth(
     device: *mut c_void,
@@ -2096,7 +2096,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMemoryBusWidth(
         ) as u32
     }
 }
-///`nvmlDeviceGetMemoryErrorCounter` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetMemoryErrorCounter` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMemoryErrorCounter(
     device: *mut c_void,
@@ -2118,7 +2118,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMemoryErrorCounter(
         ) as u32
     }
 }
-///`nvmlDeviceGetMemoryInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetMemoryInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMemoryInfo(
     device: *mut c_void,
@@ -2131,7 +2131,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMemoryInfo(
         ) as u32
     }
 }
-///`nvmlDeviceGetMemoryInfo_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetMemoryInfo_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMemoryInfo_v2(
     device: *mut c_void,
@@ -2144,7 +2144,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMemoryInfo_v2(
         ) as u32
     }
 }
-///`nvmlDeviceGetMigDeviceHandleByIndex` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetMigDeviceHandleByIndex` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMigDeviceHandleByIndex(
     device: *mut c_void,
@@ -2158,7 +2158,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMigDeviceHandleByIndex(
         ) as u32
     }
 }
-///`nvmlDeviceGetMigMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetMigMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMigMode(
     device: *mut c_void,
@@ -2176,7 +2176,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMigMode(
         ) as u32
     }
 }
-///`nvmlDeviceGetMinMaxClockOfPState` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetMinMaxClockOfPState` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMinMaxClockOfPState(
     device: *mut c_void,
@@ -2198,7 +2198,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMinMaxClockOfPState(
         ) as u32
     }
 }
-///`nvmlDeviceGetMinMaxFanSpeed` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetMinMaxFanSpeed` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMinMaxFanSpeed(
     device: *mut c_void,
@@ -2216,7 +2216,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMinMaxFanSpeed(
         ) as u32
     }
 }
-///`nvmlDeviceGetMinorNumber` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetMinorNumber` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMinorNumber(
     device: *mut c_void,
@@ -2229,7 +2229,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMinorNumber(
         ) as u32
     }
 }
-///`nvmlDeviceGetModuleId` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetModuleId` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetModuleId(
     device: *mut c_void,
@@ -2242,7 +2242,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetModuleId(
         ) as u32
     }
 }
-///`nvmlDeviceGetMultiGpuBoard` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetMultiGpuBoard` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMultiGpuBoard(
     device: *mut c_void,
@@ -2255,7 +2255,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetMultiGpuBoard(
         ) as u32
     }
 }
-///`nvmlDeviceGetName` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetName` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetName(
     device: *mut c_void,
@@ -2269,7 +2269,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetName(
         ) as u32
     }
 }
-///`nvmlDeviceGetNumFans` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetNumFans` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetNumFans(
     device: *mut c_void,
@@ -2282,7 +2282,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetNumFans(
         ) as u32
     }
 }
-///`nvmlDeviceGetNumGpuCores` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetNumGpuCores` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetNumGpuCores(
     device: *mut c_void,
@@ -2295,7 +2295,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetNumGpuCores(
         ) as u32
     }
 }
-///`nvmlDeviceGetNumaNodeId` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetNumaNodeId` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetNumaNodeId(
     device: *mut c_void,
@@ -2308,7 +2308,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetNumaNodeId(
         ) as u32
     }
 }
-///`nvmlDeviceGetNvLinkCapability` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetNvLinkCapability` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetNvLinkCapability(
     device: *mut c_void,
@@ -2328,7 +2328,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetNvLinkCapability(
         ) as u32
     }
 }
-///`nvmlDeviceGetNvLinkErrorCounter` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetNvLinkErrorCounter` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetNvLinkErrorCounter(
     device: *mut c_void,
@@ -2348,7 +2348,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetNvLinkErrorCounter(
         ) as u32
     }
 }
-///`nvmlDeviceGetNvLinkInfo` for CUDA 13.0, 13.1 (sync).
+///`nvmlDeviceGetNvLinkInfo` for CUDA 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetNvLinkInfo(
     device: *mut c_void,
@@ -2361,7 +2361,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetNvLinkInfo(
         ) as u32
     }
 }
-///`nvmlDeviceGetNvLinkRemoteDeviceType` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetNvLinkRemoteDeviceType` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetNvLinkRemoteDeviceType(
     device: *mut c_void,
@@ -2379,7 +2379,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetNvLinkRemoteDeviceType(
         ) as u32
     }
 }
-///`nvmlDeviceGetNvLinkRemotePciInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetNvLinkRemotePciInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetNvLinkRemotePciInfo(
     device: *mut c_void,
@@ -2393,7 +2393,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetNvLinkRemotePciInfo(
         ) as u32
     }
 }
-///`nvmlDeviceGetNvLinkRemotePciInfo_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetNvLinkRemotePciInfo_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetNvLinkRemotePciInfo_v2(
     device: *mut c_void,
@@ -2407,7 +2407,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetNvLinkRemotePciInfo_v2(
         ) as u32
     }
 }
-///`nvmlDeviceGetNvLinkState` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetNvLinkState` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetNvLinkState(
     device: *mut c_void,
@@ -2421,7 +2421,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetNvLinkState(
         ) as u32
     }
 }
-///`nvmlDeviceGetNvLinkUtilizationControl` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetNvLinkUtilizationControl` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetNvLinkUtilizationControl(
     device: *mut c_void,
@@ -2441,7 +2441,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetNvLinkUtilizationControl(
         ) as u32
     }
 }
-///`nvmlDeviceGetNvLinkUtilizationCounter` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetNvLinkUtilizationCounter` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetNvLinkUtilizationCounter(
     device: *mut c_void,
@@ -2463,7 +2463,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetNvLinkUtilizationCounter(
         ) as u32
     }
 }
-///`nvmlDeviceGetNvLinkVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetNvLinkVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetNvLinkVersion(
     device: *mut c_void,
@@ -2477,7 +2477,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetNvLinkVersion(
         ) as u32
     }
 }
-///`nvmlDeviceGetNvlinkBwMode` for CUDA 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetNvlinkBwMode` for CUDA 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetNvlinkBwMode(
     device: *mut c_void,
@@ -2490,7 +2490,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetNvlinkBwMode(
         ) as u32
     }
 }
-///`nvmlDeviceGetNvlinkSupportedBwModes` for CUDA 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetNvlinkSupportedBwModes` for CUDA 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetNvlinkSupportedBwModes(
     device: *mut c_void,
@@ -2503,7 +2503,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetNvlinkSupportedBwModes(
         ) as u32
     }
 }
-///`nvmlDeviceGetOfaUtilization` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetOfaUtilization` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetOfaUtilization(
     device: *mut c_void,
@@ -2521,7 +2521,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetOfaUtilization(
         ) as u32
     }
 }
-///`nvmlDeviceGetP2PStatus` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetP2PStatus` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetP2PStatus(
     device1: *mut c_void,
@@ -2541,7 +2541,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetP2PStatus(
         ) as u32
     }
 }
-///`nvmlDeviceGetPciInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetPciInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetPciInfo(
     device: *mut c_void,
@@ -2554,7 +2554,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetPciInfo(
         ) as u32
     }
 }
-///`nvmlDeviceGetPciInfoExt` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetPciInfoExt` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetPciInfoExt(
     device: *mut c_void,
@@ -2567,7 +2567,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetPciInfoExt(
         ) as u32
     }
 }
-///`nvmlDeviceGetPciInfo_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetPciInfo_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetPciInfo_v2(
     device: *mut c_void,
@@ -2580,7 +2580,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetPciInfo_v2(
         ) as u32
     }
 }
-///`nvmlDeviceGetPciInfo_v3` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetPciInfo_v3` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetPciInfo_v3(
     device: *mut c_void,
@@ -2593,7 +2593,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetPciInfo_v3(
         ) as u32
     }
 }
-///`nvmlDeviceGetPcieLinkMaxSpeed` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetPcieLinkMaxSpeed` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetPcieLinkMaxSpeed(
     device: *mut c_void,
@@ -2606,7 +2606,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetPcieLinkMaxSpeed(
         ) as u32
     }
 }
-///`nvmlDeviceGetPcieReplayCounter` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetPcieReplayCounter` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetPcieReplayCounter(
     device: *mut c_void,
@@ -2619,7 +2619,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetPcieReplayCounter(
         ) as u32
     }
 }
-///`nvmlDeviceGetPcieSpeed` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetPcieSpeed` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetPcieSpeed(
     device: *mut c_void,
@@ -2632,7 +2632,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetPcieSpeed(
         ) as u32
     }
 }
-///`nvmlDeviceGetPcieThroughput` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetPcieThroughput` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetPcieThroughput(
     device: *mut c_void,
@@ -2646,7 +2646,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetPcieThroughput(
         ) as u32
     }
 }
-///`nvmlDeviceGetPdi` for CUDA 13.0, 13.1 (sync).
+///`nvmlDeviceGetPdi` for CUDA 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetPdi(
     device: *mut c_void,
@@ -2659,7 +2659,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetPdi(
         ) as u32
     }
 }
-///`nvmlDeviceGetPerformanceModes` for CUDA 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetPerformanceModes` for CUDA 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetPerformanceModes(
     device: *mut c_void,
@@ -2672,7 +2672,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetPerformanceModes(
         ) as u32
     }
 }
-///`nvmlDeviceGetPerformanceState` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetPerformanceState` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetPerformanceState(
     device: *mut c_void,
@@ -2685,7 +2685,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetPerformanceState(
         ) as u32
     }
 }
-///`nvmlDeviceGetPersistenceMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetPersistenceMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetPersistenceMode(
     device: *mut c_void,
@@ -2698,7 +2698,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetPersistenceMode(
         ) as u32
     }
 }
-///`nvmlDeviceGetPgpuMetadataString` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetPgpuMetadataString` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetPgpuMetadataString(
     device: *mut c_void,
@@ -2716,7 +2716,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetPgpuMetadataString(
         ) as u32
     }
 }
-///`nvmlDeviceGetPlatformInfo` for CUDA 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetPlatformInfo` for CUDA 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetPlatformInfo(
     device: *mut c_void,
@@ -2729,7 +2729,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetPlatformInfo(
         ) as u32
     }
 }
-///`nvmlDeviceGetPowerManagementDefaultLimit` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetPowerManagementDefaultLimit` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetPowerManagementDefaultLimit(
     device: *mut c_void,
@@ -2742,7 +2742,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetPowerManagementDefaultLimit
         ) as u32
     }
 }
-///`nvmlDeviceGetPowerManagementLimit` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetPowerManagementLimit` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetPowerManagementLimit(
     device: *mut c_void,
@@ -2755,7 +2755,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetPowerManagementLimit(
         ) as u32
     }
 }
-///`nvmlDeviceGetPowerManagementLimitConstraints` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetPowerManagementLimitConstraints` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetPowerManagementLimitConstraints(
     device: *mut c_void,
@@ -2773,7 +2773,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetPowerManagementLimitConstra
         ) as u32
     }
 }
-///`nvmlDeviceGetPowerManagementMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetPowerManagementMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetPowerManagementMode(
     device: *mut c_void,
@@ -2786,7 +2786,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetPowerManagementMode(
         ) as u32
     }
 }
-///`nvmlDeviceGetPowerMizerMode_v1` for CUDA 13.0, 13.1 (sync).
+///`nvmlDeviceGetPowerMizerMode_v1` for CUDA 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetPowerMizerMode_v1(
     device: *mut c_void,
@@ -2812,7 +2812,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetPowerMode(
         ) as u32
     }
 }
-///`nvmlDeviceGetPowerSource` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetPowerSource` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetPowerSource(
     device: *mut c_void,
@@ -2825,7 +2825,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetPowerSource(
         ) as u32
     }
 }
-///`nvmlDeviceGetPowerState` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetPowerState` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetPowerState(
     device: *mut c_void,
@@ -2838,7 +2838,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetPowerState(
         ) as u32
     }
 }
-///`nvmlDeviceGetPowerUsage` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetPowerUsage` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetPowerUsage(
     device: *mut c_void,
@@ -2851,7 +2851,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetPowerUsage(
         ) as u32
     }
 }
-///`nvmlDeviceGetProcessUtilization` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`nvmlDeviceGetProcessUtilization` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetProcessUtilization(
     device: *mut c_void,
@@ -2863,7 +2863,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetProcessUtilization(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "nvmlDeviceGetProcessUtilization",
-                version: "13.1",
+                version: "13.5",
                 library: "nvml",
                 forms: &[
                     &chidori_cuda::calls::nvml::nvmlDeviceGetProcessUtilization__processes,
@@ -2888,7 +2888,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetProcessUtilization(
         }) as u32
     }
 }
-///`nvmlDeviceGetRemappedRows` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetRemappedRows` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetRemappedRows(
     device: *mut c_void,
@@ -2910,7 +2910,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetRemappedRows(
         ) as u32
     }
 }
-///`nvmlDeviceGetRepairStatus` for CUDA 13.0, 13.1 (sync).
+///`nvmlDeviceGetRepairStatus` for CUDA 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetRepairStatus(
     device: *mut c_void,
@@ -2923,7 +2923,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetRepairStatus(
         ) as u32
     }
 }
-///`nvmlDeviceGetRetiredPages` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetRetiredPages` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetRetiredPages(
     device: *mut c_void,
@@ -2943,7 +2943,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetRetiredPages(
         ) as u32
     }
 }
-///`nvmlDeviceGetRetiredPagesPendingStatus` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetRetiredPagesPendingStatus` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetRetiredPagesPendingStatus(
     device: *mut c_void,
@@ -2956,7 +2956,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetRetiredPagesPendingStatus(
         ) as u32
     }
 }
-///`nvmlDeviceGetRetiredPages_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetRetiredPages_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetRetiredPages_v2(
     device: *mut c_void,
@@ -2978,7 +2978,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetRetiredPages_v2(
         ) as u32
     }
 }
-///`nvmlDeviceGetRowRemapperHistogram` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetRowRemapperHistogram` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetRowRemapperHistogram(
     device: *mut c_void,
@@ -3015,7 +3015,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetSamples__cu118(
         ) as u32
     }
 }
-///`nvmlDeviceGetSamples` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetSamples` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetSamples__cu126(
     device: *mut c_void,
@@ -3039,7 +3039,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetSamples__cu126(
         ) as u32
     }
 }
-///`nvmlDeviceGetSerial` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetSerial` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetSerial(
     device: *mut c_void,
@@ -3053,7 +3053,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetSerial(
         ) as u32
     }
 }
-///`nvmlDeviceGetSramEccErrorStatus` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetSramEccErrorStatus` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetSramEccErrorStatus(
     device: *mut c_void,
@@ -3066,7 +3066,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetSramEccErrorStatus(
         ) as u32
     }
 }
-///`nvmlDeviceGetSupportedClocksEventReasons` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetSupportedClocksEventReasons` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetSupportedClocksEventReasons(
     device: *mut c_void,
@@ -3079,7 +3079,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetSupportedClocksEventReasons
         ) as u32
     }
 }
-///`nvmlDeviceGetSupportedClocksThrottleReasons` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetSupportedClocksThrottleReasons` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetSupportedClocksThrottleReasons(
     device: *mut c_void,
@@ -3092,7 +3092,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetSupportedClocksThrottleReas
         ) as u32
     }
 }
-///`nvmlDeviceGetSupportedEventTypes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetSupportedEventTypes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetSupportedEventTypes(
     device: *mut c_void,
@@ -3105,7 +3105,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetSupportedEventTypes(
         ) as u32
     }
 }
-///`nvmlDeviceGetSupportedGraphicsClocks` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetSupportedGraphicsClocks` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetSupportedGraphicsClocks(
     device: *mut c_void,
@@ -3125,7 +3125,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetSupportedGraphicsClocks(
         ) as u32
     }
 }
-///`nvmlDeviceGetSupportedMemoryClocks` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetSupportedMemoryClocks` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetSupportedMemoryClocks(
     device: *mut c_void,
@@ -3143,7 +3143,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetSupportedMemoryClocks(
         ) as u32
     }
 }
-///`nvmlDeviceGetSupportedPerformanceStates` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetSupportedPerformanceStates` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetSupportedPerformanceStates(
     device: *mut c_void,
@@ -3170,7 +3170,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetSupportedPowerModes(
         ) as u32
     }
 }
-///`nvmlDeviceGetSupportedVgpus` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetSupportedVgpus` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetSupportedVgpus(
     device: *mut c_void,
@@ -3188,7 +3188,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetSupportedVgpus(
         ) as u32
     }
 }
-///`nvmlDeviceGetTargetFanSpeed` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetTargetFanSpeed` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetTargetFanSpeed(
     device: *mut c_void,
@@ -3202,7 +3202,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetTargetFanSpeed(
         ) as u32
     }
 }
-///`nvmlDeviceGetTemperature` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetTemperature` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetTemperature(
     device: *mut c_void,
@@ -3216,7 +3216,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetTemperature(
         ) as u32
     }
 }
-///`nvmlDeviceGetTemperatureThreshold` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetTemperatureThreshold` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetTemperatureThreshold(
     device: *mut c_void,
@@ -3230,7 +3230,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetTemperatureThreshold(
         ) as u32
     }
 }
-///`nvmlDeviceGetTemperatureV` for CUDA 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetTemperatureV` for CUDA 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetTemperatureV(
     device: *mut c_void,
@@ -3243,7 +3243,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetTemperatureV(
         ) as u32
     }
 }
-///`nvmlDeviceGetThermalSettings` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetThermalSettings` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetThermalSettings(
     device: *mut c_void,
@@ -3261,7 +3261,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetThermalSettings(
         ) as u32
     }
 }
-///`nvmlDeviceGetTopologyCommonAncestor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetTopologyCommonAncestor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetTopologyCommonAncestor(
     device1: *mut c_void,
@@ -3279,7 +3279,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetTopologyCommonAncestor(
         ) as u32
     }
 }
-///`nvmlDeviceGetTotalEccErrors` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetTotalEccErrors` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetTotalEccErrors(
     device: *mut c_void,
@@ -3299,7 +3299,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetTotalEccErrors(
         ) as u32
     }
 }
-///`nvmlDeviceGetTotalEnergyConsumption` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetTotalEnergyConsumption` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetTotalEnergyConsumption(
     device: *mut c_void,
@@ -3312,7 +3312,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetTotalEnergyConsumption(
         ) as u32
     }
 }
-///`nvmlDeviceGetUUID` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetUUID` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetUUID(
     device: *mut c_void,
@@ -3326,7 +3326,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetUUID(
         ) as u32
     }
 }
-///`nvmlDeviceGetUnrepairableMemoryFlag_v1` for CUDA 13.1 (sync).
+///`nvmlDeviceGetUnrepairableMemoryFlag_v1` for CUDA 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetUnrepairableMemoryFlag_v1(
     device: *mut c_void,
@@ -3339,7 +3339,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetUnrepairableMemoryFlag_v1(
         ) as u32
     }
 }
-///`nvmlDeviceGetUtilizationRates` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetUtilizationRates` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetUtilizationRates(
     device: *mut c_void,
@@ -3352,7 +3352,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetUtilizationRates(
         ) as u32
     }
 }
-///`nvmlDeviceGetVbiosVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetVbiosVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetVbiosVersion(
     device: *mut c_void,
@@ -3366,7 +3366,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetVbiosVersion(
         ) as u32
     }
 }
-///`nvmlDeviceGetVgpuCapabilities` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetVgpuCapabilities` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetVgpuCapabilities(
     device: *mut c_void,
@@ -3380,7 +3380,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetVgpuCapabilities(
         ) as u32
     }
 }
-///`nvmlDeviceGetVgpuHeterogeneousMode` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetVgpuHeterogeneousMode` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetVgpuHeterogeneousMode(
     device: *mut c_void,
@@ -3393,7 +3393,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetVgpuHeterogeneousMode(
         ) as u32
     }
 }
-///`nvmlDeviceGetVgpuSchedulerCapabilities` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetVgpuSchedulerCapabilities` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetVgpuSchedulerCapabilities(
     device: *mut c_void,
@@ -3406,7 +3406,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetVgpuSchedulerCapabilities(
         ) as u32
     }
 }
-///`nvmlDeviceGetVgpuSchedulerLog` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetVgpuSchedulerLog` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetVgpuSchedulerLog(
     device: *mut c_void,
@@ -3419,7 +3419,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetVgpuSchedulerLog(
         ) as u32
     }
 }
-///`nvmlDeviceGetVgpuSchedulerState` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetVgpuSchedulerState` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetVgpuSchedulerState(
     device: *mut c_void,
@@ -3454,7 +3454,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetVgpuUtilization__cu118(
         ) as u32
     }
 }
-///`nvmlDeviceGetVgpuUtilization` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetVgpuUtilization` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetVgpuUtilization__cu126(
     device: *mut c_void,
@@ -3476,7 +3476,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetVgpuUtilization__cu126(
         ) as u32
     }
 }
-///`nvmlDeviceGetViolationStatus` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetViolationStatus` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetViolationStatus(
     device: *mut c_void,
@@ -3494,7 +3494,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetViolationStatus(
         ) as u32
     }
 }
-///`nvmlDeviceGetVirtualizationMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceGetVirtualizationMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetVirtualizationMode(
     device: *mut c_void,
@@ -3507,7 +3507,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetVirtualizationMode(
         ) as u32
     }
 }
-///`nvmlDeviceIsMigDeviceHandle` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceIsMigDeviceHandle` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceIsMigDeviceHandle(
     device: *mut c_void,
@@ -3520,7 +3520,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceIsMigDeviceHandle(
         ) as u32
     }
 }
-///`nvmlDeviceOnSameBoard` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceOnSameBoard` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceOnSameBoard(
     device1: *mut c_void,
@@ -3538,7 +3538,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceOnSameBoard(
         ) as u32
     }
 }
-///`nvmlDeviceQueryDrainState` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceQueryDrainState` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceQueryDrainState(
     pciInfo: *mut c_void,
@@ -3551,7 +3551,20 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceQueryDrainState(
         ) as u32
     }
 }
-///`nvmlDeviceValidateInforom` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceSetAdaptiveTgpMode_v1` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceSetAdaptiveTgpMode_v1(
+    device: *mut c_void,
+    mode: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceSetAdaptiveTgpMode_v1,
+            &[(device) as usize as u64, (mode) as u64],
+        ) as u32
+    }
+}
+///`nvmlDeviceValidateInforom` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceValidateInforom(
     device: *mut c_void,
@@ -3563,7 +3576,19 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceValidateInforom(
         ) as u32
     }
 }
-///`nvmlDeviceWorkloadPowerProfileGetCurrentProfiles` for CUDA 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceVgpuForceGspUnload` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceVgpuForceGspUnload(
+    device: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlDeviceVgpuForceGspUnload,
+            &[(device) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlDeviceWorkloadPowerProfileGetCurrentProfiles` for CUDA 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceWorkloadPowerProfileGetCurrentProfiles(
     device: *mut c_void,
@@ -3576,7 +3601,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceWorkloadPowerProfileGetCurrent
         ) as u32
     }
 }
-///`nvmlDeviceWorkloadPowerProfileGetProfilesInfo` for CUDA 12.8, 13.0, 13.1 (sync).
+///`nvmlDeviceWorkloadPowerProfileGetProfilesInfo` for CUDA 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceWorkloadPowerProfileGetProfilesInfo(
     device: *mut c_void,
@@ -3589,15 +3614,28 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceWorkloadPowerProfileGetProfile
         ) as u32
     }
 }
-///`nvmlErrorString` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local, generated).
+///`nvmlErrorString` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local, generated).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlErrorString(result: u32) -> *mut c_void {
     unsafe {
-        crate::runtime::error_string("13.1", "nvml", "nvmlErrorString", result as i64)
+        crate::runtime::error_string("13.5", "nvml", "nvmlErrorString", result as i64)
             as *mut c_void
     }
 }
-///`nvmlGetExcludedDeviceCount` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlEventSetRegisterGpuOperationalEvents_v1` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvml_nvmlEventSetRegisterGpuOperationalEvents_v1(
+    eventSet: *mut c_void,
+    config: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::nvml::nvmlEventSetRegisterGpuOperationalEvents_v1,
+            &[(eventSet) as usize as u64, (config) as usize as u64],
+        ) as u32
+    }
+}
+///`nvmlGetExcludedDeviceCount` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlGetExcludedDeviceCount(
     deviceCount: *mut c_void,
@@ -3609,7 +3647,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlGetExcludedDeviceCount(
         ) as u32
     }
 }
-///`nvmlGetExcludedDeviceInfoByIndex` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlGetExcludedDeviceInfoByIndex` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlGetExcludedDeviceInfoByIndex(
     index: u32,
@@ -3622,7 +3660,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlGetExcludedDeviceInfoByIndex(
         ) as u32
     }
 }
-///`nvmlGetVgpuDriverCapabilities` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlGetVgpuDriverCapabilities` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlGetVgpuDriverCapabilities(
     capability: u32,
@@ -3635,7 +3673,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlGetVgpuDriverCapabilities(
         ) as u32
     }
 }
-///`nvmlGetVgpuVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlGetVgpuVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlGetVgpuVersion(
     supported: *mut c_void,
@@ -3648,7 +3686,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlGetVgpuVersion(
         ) as u32
     }
 }
-///`nvmlGpmMigSampleGet` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlGpmMigSampleGet` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlGpmMigSampleGet(
     device: *mut c_void,
@@ -3666,7 +3704,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlGpmMigSampleGet(
         ) as u32
     }
 }
-///`nvmlGpmQueryDeviceSupport` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlGpmQueryDeviceSupport` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlGpmQueryDeviceSupport(
     device: *mut c_void,
@@ -3679,7 +3717,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlGpmQueryDeviceSupport(
         ) as u32
     }
 }
-///`nvmlGpmQueryIfStreamingEnabled` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlGpmQueryIfStreamingEnabled` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlGpmQueryIfStreamingEnabled(
     device: *mut c_void,
@@ -3692,7 +3730,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlGpmQueryIfStreamingEnabled(
         ) as u32
     }
 }
-///`nvmlGpmSampleAlloc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlGpmSampleAlloc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlGpmSampleAlloc(
     gpmSample: *mut c_void,
@@ -3704,7 +3742,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlGpmSampleAlloc(
         ) as u32
     }
 }
-///`nvmlGpmSampleFree` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlGpmSampleFree` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlGpmSampleFree(
     gpmSample: *mut c_void,
@@ -3716,7 +3754,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlGpmSampleFree(
         ) as u32
     }
 }
-///`nvmlGpmSampleGet` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlGpmSampleGet` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlGpmSampleGet(
     device: *mut c_void,
@@ -3729,7 +3767,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlGpmSampleGet(
         ) as u32
     }
 }
-///`nvmlGpuInstanceGetComputeInstanceById` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlGpuInstanceGetComputeInstanceById` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlGpuInstanceGetComputeInstanceById(
     gpuInstance: *mut c_void,
@@ -3747,7 +3785,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlGpuInstanceGetComputeInstanceById(
         ) as u32
     }
 }
-///`nvmlGpuInstanceGetComputeInstanceProfileInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlGpuInstanceGetComputeInstanceProfileInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlGpuInstanceGetComputeInstanceProfileInfo(
     gpuInstance: *mut c_void,
@@ -3767,7 +3805,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlGpuInstanceGetComputeInstanceProfile
         ) as u32
     }
 }
-///`nvmlGpuInstanceGetComputeInstanceRemainingCapacity` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlGpuInstanceGetComputeInstanceRemainingCapacity` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlGpuInstanceGetComputeInstanceRemainingCapacity(
     gpuInstance: *mut c_void,
@@ -3781,7 +3819,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlGpuInstanceGetComputeInstanceRemaini
         ) as u32
     }
 }
-///`nvmlGpuInstanceGetInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlGpuInstanceGetInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlGpuInstanceGetInfo(
     gpuInstance: *mut c_void,
@@ -3794,7 +3832,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlGpuInstanceGetInfo(
         ) as u32
     }
 }
-///`nvmlGpuInstanceGetVgpuHeterogeneousMode` for CUDA 13.0, 13.1 (sync).
+///`nvmlGpuInstanceGetVgpuHeterogeneousMode` for CUDA 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlGpuInstanceGetVgpuHeterogeneousMode(
     gpuInstance: *mut c_void,
@@ -3807,7 +3845,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlGpuInstanceGetVgpuHeterogeneousMode(
         ) as u32
     }
 }
-///`nvmlGpuInstanceGetVgpuSchedulerLog` for CUDA 13.0, 13.1 (sync).
+///`nvmlGpuInstanceGetVgpuSchedulerLog` for CUDA 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlGpuInstanceGetVgpuSchedulerLog(
     gpuInstance: *mut c_void,
@@ -3820,7 +3858,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlGpuInstanceGetVgpuSchedulerLog(
         ) as u32
     }
 }
-///`nvmlGpuInstanceGetVgpuSchedulerState` for CUDA 13.0, 13.1 (sync).
+///`nvmlGpuInstanceGetVgpuSchedulerState` for CUDA 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlGpuInstanceGetVgpuSchedulerState(
     gpuInstance: *mut c_void,
@@ -3833,13 +3871,13 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlGpuInstanceGetVgpuSchedulerState(
         ) as u32
     }
 }
-///`nvmlInit` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`nvmlInit` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlInit() -> u32 {
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "nvmlInit",
-            version: "13.1",
+            version: "13.5",
             library: "nvml",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -3853,18 +3891,18 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlInit() -> u32 {
         crate::custom::nvml::init_library(&CTX)
     }
 }
-///`nvmlInitWithFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`nvmlInitWithFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlInitWithFlags(flags: u32) -> u32 {
     unsafe { crate::custom::nvml::nvmlInitWithFlags(flags) }
 }
-///`nvmlInit_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`nvmlInit_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlInit_v2() -> u32 {
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "nvmlInit_v2",
-            version: "13.1",
+            version: "13.5",
             library: "nvml",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -3878,7 +3916,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlInit_v2() -> u32 {
         crate::custom::nvml::init_library(&CTX)
     }
 }
-///`nvmlInternalGetExportTable` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`nvmlInternalGetExportTable` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlInternalGetExportTable(
     ppExportTable: *mut c_void,
@@ -3888,12 +3926,12 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlInternalGetExportTable(
         crate::custom::nvml::nvmlInternalGetExportTable(ppExportTable, pExportTableId)
     }
 }
-///`nvmlShutdown` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`nvmlShutdown` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlShutdown() -> u32 {
     unsafe { crate::custom::nvml::nvmlShutdown() }
 }
-///`nvmlSystemGetConfComputeCapabilities` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlSystemGetConfComputeCapabilities` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlSystemGetConfComputeCapabilities(
     capabilities: *mut c_void,
@@ -3905,7 +3943,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlSystemGetConfComputeCapabilities(
         ) as u32
     }
 }
-///`nvmlSystemGetConfComputeGpusReadyState` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlSystemGetConfComputeGpusReadyState` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlSystemGetConfComputeGpusReadyState(
     isAcceptingWork: *mut c_void,
@@ -3917,7 +3955,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlSystemGetConfComputeGpusReadyState(
         ) as u32
     }
 }
-///`nvmlSystemGetConfComputeKeyRotationThresholdInfo` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlSystemGetConfComputeKeyRotationThresholdInfo` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlSystemGetConfComputeKeyRotationThresholdInfo(
     pKeyRotationThrInfo: *mut c_void,
@@ -3929,7 +3967,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlSystemGetConfComputeKeyRotationThres
         ) as u32
     }
 }
-///`nvmlSystemGetConfComputeSettings` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlSystemGetConfComputeSettings` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlSystemGetConfComputeSettings(
     settings: *mut c_void,
@@ -3941,7 +3979,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlSystemGetConfComputeSettings(
         ) as u32
     }
 }
-///`nvmlSystemGetConfComputeState` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlSystemGetConfComputeState` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlSystemGetConfComputeState(
     state: *mut c_void,
@@ -3953,7 +3991,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlSystemGetConfComputeState(
         ) as u32
     }
 }
-///`nvmlSystemGetCudaDriverVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlSystemGetCudaDriverVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlSystemGetCudaDriverVersion(
     cudaDriverVersion: *mut c_void,
@@ -3965,7 +4003,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlSystemGetCudaDriverVersion(
         ) as u32
     }
 }
-///`nvmlSystemGetCudaDriverVersion_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlSystemGetCudaDriverVersion_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlSystemGetCudaDriverVersion_v2(
     cudaDriverVersion: *mut c_void,
@@ -3977,7 +4015,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlSystemGetCudaDriverVersion_v2(
         ) as u32
     }
 }
-///`nvmlSystemGetDriverVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlSystemGetDriverVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlSystemGetDriverVersion(
     version: *mut c_void,
@@ -3990,7 +4028,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlSystemGetDriverVersion(
         ) as u32
     }
 }
-///`nvmlSystemGetHicVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlSystemGetHicVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlSystemGetHicVersion(
     hwbcCount: *mut c_void,
@@ -4003,7 +4041,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlSystemGetHicVersion(
         ) as u32
     }
 }
-///`nvmlSystemGetNVMLVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlSystemGetNVMLVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlSystemGetNVMLVersion(
     version: *mut c_void,
@@ -4016,7 +4054,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlSystemGetNVMLVersion(
         ) as u32
     }
 }
-///`nvmlSystemGetNvlinkBwMode` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlSystemGetNvlinkBwMode` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlSystemGetNvlinkBwMode(
     nvlinkBwMode: *mut c_void,
@@ -4028,7 +4066,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlSystemGetNvlinkBwMode(
         ) as u32
     }
 }
-///`nvmlSystemGetProcessName` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+///`nvmlSystemGetProcessName` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlSystemGetProcessName(
     pid: u32,
@@ -4038,7 +4076,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlSystemGetProcessName(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "nvmlSystemGetProcessName",
-            version: "13.1",
+            version: "13.5",
             library: "nvml",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -4052,7 +4090,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlSystemGetProcessName(
         crate::custom::nvml::process_name(&CTX, pid, name, length)
     }
 }
-///`nvmlUnitGetCount` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlUnitGetCount` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlUnitGetCount(unitCount: *mut c_void) -> u32 {
     unsafe {
@@ -4062,7 +4100,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlUnitGetCount(unitCount: *mut c_void)
         ) as u32
     }
 }
-///`nvmlUnitGetFanSpeedInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlUnitGetFanSpeedInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlUnitGetFanSpeedInfo(
     unit: *mut c_void,
@@ -4075,7 +4113,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlUnitGetFanSpeedInfo(
         ) as u32
     }
 }
-///`nvmlUnitGetHandleByIndex` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlUnitGetHandleByIndex` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlUnitGetHandleByIndex(
     index: u32,
@@ -4088,7 +4126,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlUnitGetHandleByIndex(
         ) as u32
     }
 }
-///`nvmlUnitGetLedState` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlUnitGetLedState` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlUnitGetLedState(
     unit: *mut c_void,
@@ -4101,7 +4139,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlUnitGetLedState(
         ) as u32
     }
 }
-///`nvmlUnitGetPsuInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlUnitGetPsuInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlUnitGetPsuInfo(
     unit: *mut c_void,
@@ -4114,7 +4152,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlUnitGetPsuInfo(
         ) as u32
     }
 }
-///`nvmlUnitGetTemperature` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlUnitGetTemperature` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlUnitGetTemperature(
     unit: *mut c_void,
@@ -4128,7 +4166,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlUnitGetTemperature(
         ) as u32
     }
 }
-///`nvmlUnitGetUnitInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlUnitGetUnitInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlUnitGetUnitInfo(
     unit: *mut c_void,
@@ -4141,7 +4179,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlUnitGetUnitInfo(
         ) as u32
     }
 }
-///`nvmlVgpuInstanceGetAccountingMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlVgpuInstanceGetAccountingMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetAccountingMode(
     vgpuInstance: u32,
@@ -4154,7 +4192,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetAccountingMode(
         ) as u32
     }
 }
-///`nvmlVgpuInstanceGetEccMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlVgpuInstanceGetEccMode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetEccMode(
     vgpuInstance: u32,
@@ -4167,7 +4205,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetEccMode(
         ) as u32
     }
 }
-///`nvmlVgpuInstanceGetEncoderCapacity` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlVgpuInstanceGetEncoderCapacity` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetEncoderCapacity(
     vgpuInstance: u32,
@@ -4180,7 +4218,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetEncoderCapacity(
         ) as u32
     }
 }
-///`nvmlVgpuInstanceGetEncoderSessions` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlVgpuInstanceGetEncoderSessions` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetEncoderSessions(
     vgpuInstance: u32,
@@ -4198,7 +4236,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetEncoderSessions(
         ) as u32
     }
 }
-///`nvmlVgpuInstanceGetEncoderStats` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlVgpuInstanceGetEncoderStats` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetEncoderStats(
     vgpuInstance: u32,
@@ -4218,7 +4256,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetEncoderStats(
         ) as u32
     }
 }
-///`nvmlVgpuInstanceGetFBCSessions` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlVgpuInstanceGetFBCSessions` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetFBCSessions(
     vgpuInstance: u32,
@@ -4236,7 +4274,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetFBCSessions(
         ) as u32
     }
 }
-///`nvmlVgpuInstanceGetFBCStats` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlVgpuInstanceGetFBCStats` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetFBCStats(
     vgpuInstance: u32,
@@ -4249,7 +4287,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetFBCStats(
         ) as u32
     }
 }
-///`nvmlVgpuInstanceGetFbUsage` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlVgpuInstanceGetFbUsage` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetFbUsage(
     vgpuInstance: u32,
@@ -4262,7 +4300,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetFbUsage(
         ) as u32
     }
 }
-///`nvmlVgpuInstanceGetFrameRateLimit` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlVgpuInstanceGetFrameRateLimit` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetFrameRateLimit(
     vgpuInstance: u32,
@@ -4275,7 +4313,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetFrameRateLimit(
         ) as u32
     }
 }
-///`nvmlVgpuInstanceGetGpuInstanceId` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlVgpuInstanceGetGpuInstanceId` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetGpuInstanceId(
     vgpuInstance: u32,
@@ -4288,7 +4326,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetGpuInstanceId(
         ) as u32
     }
 }
-///`nvmlVgpuInstanceGetGpuPciId` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlVgpuInstanceGetGpuPciId` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetGpuPciId(
     vgpuInstance: u32,
@@ -4306,7 +4344,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetGpuPciId(
         ) as u32
     }
 }
-///`nvmlVgpuInstanceGetLicenseInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlVgpuInstanceGetLicenseInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetLicenseInfo(
     vgpuInstance: u32,
@@ -4319,7 +4357,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetLicenseInfo(
         ) as u32
     }
 }
-///`nvmlVgpuInstanceGetLicenseInfo_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlVgpuInstanceGetLicenseInfo_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetLicenseInfo_v2(
     vgpuInstance: u32,
@@ -4332,7 +4370,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetLicenseInfo_v2(
         ) as u32
     }
 }
-///`nvmlVgpuInstanceGetLicenseStatus` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlVgpuInstanceGetLicenseStatus` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetLicenseStatus(
     vgpuInstance: u32,
@@ -4345,7 +4383,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetLicenseStatus(
         ) as u32
     }
 }
-///`nvmlVgpuInstanceGetMdevUUID` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlVgpuInstanceGetMdevUUID` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetMdevUUID(
     vgpuInstance: u32,
@@ -4359,7 +4397,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetMdevUUID(
         ) as u32
     }
 }
-///`nvmlVgpuInstanceGetPlacementId` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlVgpuInstanceGetPlacementId` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetPlacementId(
     vgpuInstance: u32,
@@ -4372,7 +4410,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetPlacementId(
         ) as u32
     }
 }
-///`nvmlVgpuInstanceGetRuntimeStateSize` for CUDA 12.8, 13.0, 13.1 (sync).
+///`nvmlVgpuInstanceGetRuntimeStateSize` for CUDA 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetRuntimeStateSize(
     vgpuInstance: u32,
@@ -4385,7 +4423,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetRuntimeStateSize(
         ) as u32
     }
 }
-///`nvmlVgpuInstanceGetType` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlVgpuInstanceGetType` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetType(
     vgpuInstance: u32,
@@ -4398,7 +4436,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetType(
         ) as u32
     }
 }
-///`nvmlVgpuInstanceGetUUID` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlVgpuInstanceGetUUID` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetUUID(
     vgpuInstance: u32,
@@ -4412,7 +4450,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetUUID(
         ) as u32
     }
 }
-///`nvmlVgpuInstanceGetVmDriverVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlVgpuInstanceGetVmDriverVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetVmDriverVersion(
     vgpuInstance: u32,
@@ -4426,7 +4464,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetVmDriverVersion(
         ) as u32
     }
 }
-///`nvmlVgpuInstanceGetVmID` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlVgpuInstanceGetVmID` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetVmID(
     vgpuInstance: u32,
@@ -4446,7 +4484,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuInstanceGetVmID(
         ) as u32
     }
 }
-///`nvmlVgpuTypeGetBAR1Info` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlVgpuTypeGetBAR1Info` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuTypeGetBAR1Info(
     vgpuTypeId: u32,
@@ -4459,7 +4497,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuTypeGetBAR1Info(
         ) as u32
     }
 }
-///`nvmlVgpuTypeGetCapabilities` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlVgpuTypeGetCapabilities` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuTypeGetCapabilities(
     vgpuTypeId: u32,
@@ -4473,7 +4511,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuTypeGetCapabilities(
         ) as u32
     }
 }
-///`nvmlVgpuTypeGetClass` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlVgpuTypeGetClass` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuTypeGetClass(
     vgpuTypeId: u32,
@@ -4491,7 +4529,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuTypeGetClass(
         ) as u32
     }
 }
-///`nvmlVgpuTypeGetDeviceID` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlVgpuTypeGetDeviceID` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuTypeGetDeviceID(
     vgpuTypeId: u32,
@@ -4509,7 +4547,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuTypeGetDeviceID(
         ) as u32
     }
 }
-///`nvmlVgpuTypeGetFbReservation` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlVgpuTypeGetFbReservation` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuTypeGetFbReservation(
     vgpuTypeId: u32,
@@ -4522,7 +4560,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuTypeGetFbReservation(
         ) as u32
     }
 }
-///`nvmlVgpuTypeGetFrameRateLimit` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlVgpuTypeGetFrameRateLimit` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuTypeGetFrameRateLimit(
     vgpuTypeId: u32,
@@ -4535,7 +4573,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuTypeGetFrameRateLimit(
         ) as u32
     }
 }
-///`nvmlVgpuTypeGetFramebufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlVgpuTypeGetFramebufferSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuTypeGetFramebufferSize(
     vgpuTypeId: u32,
@@ -4548,7 +4586,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuTypeGetFramebufferSize(
         ) as u32
     }
 }
-///`nvmlVgpuTypeGetGpuInstanceProfileId` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlVgpuTypeGetGpuInstanceProfileId` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuTypeGetGpuInstanceProfileId(
     vgpuTypeId: u32,
@@ -4561,7 +4599,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuTypeGetGpuInstanceProfileId(
         ) as u32
     }
 }
-///`nvmlVgpuTypeGetGspHeapSize` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlVgpuTypeGetGspHeapSize` for CUDA 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuTypeGetGspHeapSize(
     vgpuTypeId: u32,
@@ -4574,7 +4612,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuTypeGetGspHeapSize(
         ) as u32
     }
 }
-///`nvmlVgpuTypeGetLicense` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlVgpuTypeGetLicense` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuTypeGetLicense(
     vgpuTypeId: u32,
@@ -4592,7 +4630,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuTypeGetLicense(
         ) as u32
     }
 }
-///`nvmlVgpuTypeGetMaxInstances` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlVgpuTypeGetMaxInstances` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuTypeGetMaxInstances(
     device: *mut c_void,
@@ -4610,7 +4648,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuTypeGetMaxInstances(
         ) as u32
     }
 }
-///`nvmlVgpuTypeGetMaxInstancesPerGpuInstance` for CUDA 13.0, 13.1 (sync).
+///`nvmlVgpuTypeGetMaxInstancesPerGpuInstance` for CUDA 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuTypeGetMaxInstancesPerGpuInstance(
     pMaxInstance: *mut c_void,
@@ -4622,7 +4660,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuTypeGetMaxInstancesPerGpuInstanc
         ) as u32
     }
 }
-///`nvmlVgpuTypeGetMaxInstancesPerVm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlVgpuTypeGetMaxInstancesPerVm` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuTypeGetMaxInstancesPerVm(
     vgpuTypeId: u32,
@@ -4635,7 +4673,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuTypeGetMaxInstancesPerVm(
         ) as u32
     }
 }
-///`nvmlVgpuTypeGetName` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlVgpuTypeGetName` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuTypeGetName(
     vgpuTypeId: u32,
@@ -4653,7 +4691,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuTypeGetName(
         ) as u32
     }
 }
-///`nvmlVgpuTypeGetNumDisplayHeads` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlVgpuTypeGetNumDisplayHeads` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuTypeGetNumDisplayHeads(
     vgpuTypeId: u32,
@@ -4666,7 +4704,7 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuTypeGetNumDisplayHeads(
         ) as u32
     }
 }
-///`nvmlVgpuTypeGetResolution` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvmlVgpuTypeGetResolution` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlVgpuTypeGetResolution(
     vgpuTypeId: u32,

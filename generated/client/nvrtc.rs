@@ -4,7 +4,7 @@
 
 #[allow(unused_imports)]
 use core::ffi::c_void;
-///`nvrtcAddNameExpression` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`nvrtcAddNameExpression` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvrtc_nvrtcAddNameExpression(
     prog: *mut c_void,
@@ -12,7 +12,7 @@ pub unsafe extern "C" fn __chidori_nvrtc_nvrtcAddNameExpression(
 ) -> u32 {
     unsafe { crate::custom::nvrtc::nvrtcAddNameExpression(prog, name_expression) }
 }
-///`nvrtcCompileProgram` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`nvrtcCompileProgram` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvrtc_nvrtcCompileProgram(
     prog: *mut c_void,
@@ -21,7 +21,7 @@ pub unsafe extern "C" fn __chidori_nvrtc_nvrtcCompileProgram(
 ) -> u32 {
     unsafe { crate::custom::nvrtc::nvrtcCompileProgram(prog, numOptions, options) }
 }
-///`nvrtcCreateProgram` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`nvrtcCreateProgram` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvrtc_nvrtcCreateProgram(
     prog: *mut c_void,
@@ -42,12 +42,12 @@ pub unsafe extern "C" fn __chidori_nvrtc_nvrtcCreateProgram(
         )
     }
 }
-///`nvrtcDestroyProgram` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`nvrtcDestroyProgram` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvrtc_nvrtcDestroyProgram(prog: *mut c_void) -> u32 {
     unsafe { crate::custom::nvrtc::nvrtcDestroyProgram(prog) }
 }
-///`nvrtcGetCUBIN` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`nvrtcGetCUBIN` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetCUBIN(
     prog: *mut c_void,
@@ -57,7 +57,7 @@ pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetCUBIN(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "nvrtcGetCUBIN",
-                version: "13.1",
+                version: "13.5",
                 library: "nvrtc",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -75,7 +75,7 @@ pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetCUBIN(
         }) as u32
     }
 }
-///`nvrtcGetCUBINSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`nvrtcGetCUBINSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetCUBINSize(
     prog: *mut c_void,
@@ -85,7 +85,7 @@ pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetCUBINSize(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "nvrtcGetCUBINSize",
-                version: "13.1",
+                version: "13.5",
                 library: "nvrtc",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -103,21 +103,21 @@ pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetCUBINSize(
         }) as u32
     }
 }
-///`nvrtcGetErrorString` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local, generated).
+///`nvrtcGetErrorString` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local, generated).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetErrorString(
     result: u32,
 ) -> *mut c_void {
     unsafe {
         crate::runtime::error_string(
-            "13.1",
+            "13.5",
             "nvrtc",
             "nvrtcGetErrorString",
             result as i64,
         ) as *mut c_void
     }
 }
-///`nvrtcGetLTOIR` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`nvrtcGetLTOIR` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetLTOIR(
     prog: *mut c_void,
@@ -127,7 +127,7 @@ pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetLTOIR(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "nvrtcGetLTOIR",
-                version: "13.1",
+                version: "13.5",
                 library: "nvrtc",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -145,7 +145,7 @@ pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetLTOIR(
         }) as u32
     }
 }
-///`nvrtcGetLTOIRSize` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`nvrtcGetLTOIRSize` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetLTOIRSize(
     prog: *mut c_void,
@@ -155,7 +155,7 @@ pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetLTOIRSize(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "nvrtcGetLTOIRSize",
-                version: "13.1",
+                version: "13.5",
                 library: "nvrtc",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -173,7 +173,7 @@ pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetLTOIRSize(
         }) as u32
     }
 }
-///`nvrtcGetLoweredName` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`nvrtcGetLoweredName` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetLoweredName(
     prog: *mut c_void,
@@ -240,7 +240,7 @@ pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetNVVMSize(
         }) as u32
     }
 }
-///`nvrtcGetNumSupportedArchs` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvrtcGetNumSupportedArchs` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetNumSupportedArchs(
     numArchs: *mut c_void,
@@ -252,7 +252,7 @@ pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetNumSupportedArchs(
         ) as u32
     }
 }
-///`nvrtcGetOptiXIR` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`nvrtcGetOptiXIR` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetOptiXIR(
     prog: *mut c_void,
@@ -262,7 +262,7 @@ pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetOptiXIR(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "nvrtcGetOptiXIR",
-                version: "13.1",
+                version: "13.5",
                 library: "nvrtc",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -280,7 +280,7 @@ pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetOptiXIR(
         }) as u32
     }
 }
-///`nvrtcGetOptiXIRSize` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`nvrtcGetOptiXIRSize` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetOptiXIRSize(
     prog: *mut c_void,
@@ -290,7 +290,7 @@ pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetOptiXIRSize(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "nvrtcGetOptiXIRSize",
-                version: "13.1",
+                version: "13.5",
                 library: "nvrtc",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -308,7 +308,7 @@ pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetOptiXIRSize(
         }) as u32
     }
 }
-///`nvrtcGetPCHCreateStatus` for CUDA 12.8, 13.0, 13.1 (custom).
+///`nvrtcGetPCHCreateStatus` for CUDA 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetPCHCreateStatus(
     prog: *mut c_void,
@@ -316,7 +316,7 @@ pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetPCHCreateStatus(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "nvrtcGetPCHCreateStatus",
-            version: "13.1",
+            version: "13.5",
             library: "nvrtc",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -330,7 +330,7 @@ pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetPCHCreateStatus(
         crate::custom::nvrtc::pch_create_status(&CTX, prog)
     }
 }
-///`nvrtcGetPCHHeapSize` for CUDA 12.8, 13.0, 13.1 (sync).
+///`nvrtcGetPCHHeapSize` for CUDA 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetPCHHeapSize(ret: *mut c_void) -> u32 {
     unsafe {
@@ -340,7 +340,7 @@ pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetPCHHeapSize(ret: *mut c_void) -
         ) as u32
     }
 }
-///`nvrtcGetPCHHeapSizeRequired` for CUDA 12.8, 13.0, 13.1 (custom).
+///`nvrtcGetPCHHeapSizeRequired` for CUDA 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetPCHHeapSizeRequired(
     prog: *mut c_void,
@@ -349,7 +349,7 @@ pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetPCHHeapSizeRequired(
     unsafe {
         static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
             name: "nvrtcGetPCHHeapSizeRequired",
-            version: "13.1",
+            version: "13.5",
             library: "nvrtc",
             forms: &[],
             codes: chidori_cuda::desc::Codes {
@@ -363,7 +363,7 @@ pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetPCHHeapSizeRequired(
         crate::custom::nvrtc::pch_heap_size_required(&CTX, prog, size)
     }
 }
-///`nvrtcGetPTX` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`nvrtcGetPTX` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetPTX(
     prog: *mut c_void,
@@ -373,7 +373,7 @@ pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetPTX(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "nvrtcGetPTX",
-                version: "13.1",
+                version: "13.5",
                 library: "nvrtc",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -391,7 +391,7 @@ pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetPTX(
         }) as u32
     }
 }
-///`nvrtcGetPTXSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`nvrtcGetPTXSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetPTXSize(
     prog: *mut c_void,
@@ -401,7 +401,7 @@ pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetPTXSize(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "nvrtcGetPTXSize",
-                version: "13.1",
+                version: "13.5",
                 library: "nvrtc",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -419,7 +419,7 @@ pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetPTXSize(
         }) as u32
     }
 }
-///`nvrtcGetProgramLog` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`nvrtcGetProgramLog` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetProgramLog(
     prog: *mut c_void,
@@ -429,7 +429,7 @@ pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetProgramLog(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "nvrtcGetProgramLog",
-                version: "13.1",
+                version: "13.5",
                 library: "nvrtc",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -447,7 +447,7 @@ pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetProgramLog(
         }) as u32
     }
 }
-///`nvrtcGetProgramLogSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`nvrtcGetProgramLogSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetProgramLogSize(
     prog: *mut c_void,
@@ -457,7 +457,7 @@ pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetProgramLogSize(
         ({
             static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
                 name: "nvrtcGetProgramLogSize",
-                version: "13.1",
+                version: "13.5",
                 library: "nvrtc",
                 forms: &[],
                 codes: chidori_cuda::desc::Codes {
@@ -475,14 +475,14 @@ pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetProgramLogSize(
         }) as u32
     }
 }
-///`nvrtcGetSupportedArchs` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+///`nvrtcGetSupportedArchs` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetSupportedArchs(
     supportedArchs: *mut c_void,
 ) -> u32 {
     unsafe { crate::custom::nvrtc::nvrtcGetSupportedArchs(supportedArchs) }
 }
-///`nvrtcSetPCHHeapSize` for CUDA 12.8, 13.0, 13.1 (sync).
+///`nvrtcSetPCHHeapSize` for CUDA 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvrtc_nvrtcSetPCHHeapSize(size: usize) -> u32 {
     unsafe {
@@ -492,7 +492,7 @@ pub unsafe extern "C" fn __chidori_nvrtc_nvrtcSetPCHHeapSize(size: usize) -> u32
         ) as u32
     }
 }
-///`nvrtcVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvrtcVersion` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvrtc_nvrtcVersion(
     major: *mut c_void,

@@ -1319,32 +1319,32 @@ cublasLtMatmulPreferenceSetAttribute:
     .globl cublasLtMatrixLayoutCreate
     .type cublasLtMatrixLayoutCreate, @function
 cublasLtMatrixLayoutCreate:
-    jmp __chidori_cublaslt_cublasLtMatrixLayoutCreate@PLT
+    jmp __chidori_cublaslt_cublasLtMatrixLayoutCreate__cu118@PLT
     .size cublasLtMatrixLayoutCreate, .-cublasLtMatrixLayoutCreate
     .globl cublasLtMatrixLayoutDestroy
     .type cublasLtMatrixLayoutDestroy, @function
 cublasLtMatrixLayoutDestroy:
-    jmp __chidori_cublaslt_cublasLtMatrixLayoutDestroy@PLT
+    jmp __chidori_cublaslt_cublasLtMatrixLayoutDestroy__cu118@PLT
     .size cublasLtMatrixLayoutDestroy, .-cublasLtMatrixLayoutDestroy
     .globl cublasLtMatrixLayoutGetAttribute
     .type cublasLtMatrixLayoutGetAttribute, @function
 cublasLtMatrixLayoutGetAttribute:
-    jmp __chidori_cublaslt_cublasLtMatrixLayoutGetAttribute@PLT
+    jmp __chidori_cublaslt_cublasLtMatrixLayoutGetAttribute__cu118@PLT
     .size cublasLtMatrixLayoutGetAttribute, .-cublasLtMatrixLayoutGetAttribute
     .globl cublasLtMatrixLayoutInit_internal
     .type cublasLtMatrixLayoutInit_internal, @function
 cublasLtMatrixLayoutInit_internal:
-    jmp __chidori_cublaslt_cublasLtMatrixLayoutInit_internal@PLT
+    jmp __chidori_cublaslt_cublasLtMatrixLayoutInit_internal__cu118@PLT
     .size cublasLtMatrixLayoutInit_internal, .-cublasLtMatrixLayoutInit_internal
     .globl cublasLtMatrixLayoutSetAttribute
     .type cublasLtMatrixLayoutSetAttribute, @function
 cublasLtMatrixLayoutSetAttribute:
-    jmp __chidori_cublaslt_cublasLtMatrixLayoutSetAttribute@PLT
+    jmp __chidori_cublaslt_cublasLtMatrixLayoutSetAttribute__cu118@PLT
     .size cublasLtMatrixLayoutSetAttribute, .-cublasLtMatrixLayoutSetAttribute
     .globl cublasLtMatrixTransform
     .type cublasLtMatrixTransform, @function
 cublasLtMatrixTransform:
-    jmp __chidori_cublaslt_cublasLtMatrixTransform@PLT
+    jmp __chidori_cublaslt_cublasLtMatrixTransform__cu118@PLT
     .size cublasLtMatrixTransform, .-cublasLtMatrixTransform
     .globl cublasLtMatrixTransformDescCreate
     .type cublasLtMatrixTransformDescCreate, @function

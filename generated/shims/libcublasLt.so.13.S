@@ -25,18 +25,34 @@ cublasLtACCMatmulAlgoCheck:
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cublasLtACCMatmulAlgoCheck, .-cublasLtACCMatmulAlgoCheck
-    .globl cublasLtACCMatmulAlgoGetHeuristic
-    .type cublasLtACCMatmulAlgoGetHeuristic, @function
-cublasLtACCMatmulAlgoGetHeuristic:
+    .globl cublasLtACCMatmulAlgoCheckForStream
+    .type cublasLtACCMatmulAlgoCheckForStream, @function
+cublasLtACCMatmulAlgoCheckForStream:
     leaq .Lname3(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
+    .size cublasLtACCMatmulAlgoCheckForStream, .-cublasLtACCMatmulAlgoCheckForStream
+    .globl cublasLtACCMatmulAlgoGetHeuristic
+    .type cublasLtACCMatmulAlgoGetHeuristic, @function
+cublasLtACCMatmulAlgoGetHeuristic:
+    leaq .Lname4(%rip), %rdi
+    movq $15, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size cublasLtACCMatmulAlgoGetHeuristic, .-cublasLtACCMatmulAlgoGetHeuristic
+    .globl cublasLtACCMatmulAlgoGetHeuristicForStream
+    .type cublasLtACCMatmulAlgoGetHeuristicForStream, @function
+cublasLtACCMatmulAlgoGetHeuristicForStream:
+    leaq .Lname5(%rip), %rdi
+    movq $15, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cublasLtACCMatmulAlgoGetHeuristicForStream, .-cublasLtACCMatmulAlgoGetHeuristicForStream
     .globl cublasLtACCMatmulAlgoGetIds
     .type cublasLtACCMatmulAlgoGetIds, @function
 cublasLtACCMatmulAlgoGetIds:
-    leaq .Lname4(%rip), %rdi
+    leaq .Lname6(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -44,7 +60,7 @@ cublasLtACCMatmulAlgoGetIds:
     .globl cublasLtACCMatmulAlgoInit
     .type cublasLtACCMatmulAlgoInit, @function
 cublasLtACCMatmulAlgoInit:
-    leaq .Lname5(%rip), %rdi
+    leaq .Lname7(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -52,7 +68,7 @@ cublasLtACCMatmulAlgoInit:
     .globl cublasLtAlgoCharacteristicGetAttribute
     .type cublasLtAlgoCharacteristicGetAttribute, @function
 cublasLtAlgoCharacteristicGetAttribute:
-    leaq .Lname6(%rip), %rdi
+    leaq .Lname8(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -60,7 +76,7 @@ cublasLtAlgoCharacteristicGetAttribute:
     .globl cublasLtBIIMatmul
     .type cublasLtBIIMatmul, @function
 cublasLtBIIMatmul:
-    leaq .Lname7(%rip), %rdi
+    leaq .Lname9(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -68,7 +84,7 @@ cublasLtBIIMatmul:
     .globl cublasLtBIIMatmulAlgoCapGetAttribute
     .type cublasLtBIIMatmulAlgoCapGetAttribute, @function
 cublasLtBIIMatmulAlgoCapGetAttribute:
-    leaq .Lname8(%rip), %rdi
+    leaq .Lname10(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -76,23 +92,39 @@ cublasLtBIIMatmulAlgoCapGetAttribute:
     .globl cublasLtBIIMatmulAlgoCheck
     .type cublasLtBIIMatmulAlgoCheck, @function
 cublasLtBIIMatmulAlgoCheck:
-    leaq .Lname9(%rip), %rdi
+    leaq .Lname11(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cublasLtBIIMatmulAlgoCheck, .-cublasLtBIIMatmulAlgoCheck
+    .globl cublasLtBIIMatmulAlgoCheckForStream
+    .type cublasLtBIIMatmulAlgoCheckForStream, @function
+cublasLtBIIMatmulAlgoCheckForStream:
+    leaq .Lname12(%rip), %rdi
+    movq $15, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cublasLtBIIMatmulAlgoCheckForStream, .-cublasLtBIIMatmulAlgoCheckForStream
     .globl cublasLtBIIMatmulAlgoGetHeuristic
     .type cublasLtBIIMatmulAlgoGetHeuristic, @function
 cublasLtBIIMatmulAlgoGetHeuristic:
-    leaq .Lname10(%rip), %rdi
+    leaq .Lname13(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cublasLtBIIMatmulAlgoGetHeuristic, .-cublasLtBIIMatmulAlgoGetHeuristic
+    .globl cublasLtBIIMatmulAlgoGetHeuristicForStream
+    .type cublasLtBIIMatmulAlgoGetHeuristicForStream, @function
+cublasLtBIIMatmulAlgoGetHeuristicForStream:
+    leaq .Lname14(%rip), %rdi
+    movq $15, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cublasLtBIIMatmulAlgoGetHeuristicForStream, .-cublasLtBIIMatmulAlgoGetHeuristicForStream
     .globl cublasLtBIIMatmulAlgoGetIds
     .type cublasLtBIIMatmulAlgoGetIds, @function
 cublasLtBIIMatmulAlgoGetIds:
-    leaq .Lname11(%rip), %rdi
+    leaq .Lname15(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -100,7 +132,7 @@ cublasLtBIIMatmulAlgoGetIds:
     .globl cublasLtBIIMatmulAlgoInit
     .type cublasLtBIIMatmulAlgoInit, @function
 cublasLtBIIMatmulAlgoInit:
-    leaq .Lname12(%rip), %rdi
+    leaq .Lname16(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -108,7 +140,7 @@ cublasLtBIIMatmulAlgoInit:
     .globl cublasLtBSBMatmul
     .type cublasLtBSBMatmul, @function
 cublasLtBSBMatmul:
-    leaq .Lname13(%rip), %rdi
+    leaq .Lname17(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -116,7 +148,7 @@ cublasLtBSBMatmul:
     .globl cublasLtBSBMatmulAlgoCapGetAttribute
     .type cublasLtBSBMatmulAlgoCapGetAttribute, @function
 cublasLtBSBMatmulAlgoCapGetAttribute:
-    leaq .Lname14(%rip), %rdi
+    leaq .Lname18(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -124,23 +156,39 @@ cublasLtBSBMatmulAlgoCapGetAttribute:
     .globl cublasLtBSBMatmulAlgoCheck
     .type cublasLtBSBMatmulAlgoCheck, @function
 cublasLtBSBMatmulAlgoCheck:
-    leaq .Lname15(%rip), %rdi
+    leaq .Lname19(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cublasLtBSBMatmulAlgoCheck, .-cublasLtBSBMatmulAlgoCheck
+    .globl cublasLtBSBMatmulAlgoCheckForStream
+    .type cublasLtBSBMatmulAlgoCheckForStream, @function
+cublasLtBSBMatmulAlgoCheckForStream:
+    leaq .Lname20(%rip), %rdi
+    movq $15, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cublasLtBSBMatmulAlgoCheckForStream, .-cublasLtBSBMatmulAlgoCheckForStream
     .globl cublasLtBSBMatmulAlgoGetHeuristic
     .type cublasLtBSBMatmulAlgoGetHeuristic, @function
 cublasLtBSBMatmulAlgoGetHeuristic:
-    leaq .Lname16(%rip), %rdi
+    leaq .Lname21(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cublasLtBSBMatmulAlgoGetHeuristic, .-cublasLtBSBMatmulAlgoGetHeuristic
+    .globl cublasLtBSBMatmulAlgoGetHeuristicForStream
+    .type cublasLtBSBMatmulAlgoGetHeuristicForStream, @function
+cublasLtBSBMatmulAlgoGetHeuristicForStream:
+    leaq .Lname22(%rip), %rdi
+    movq $15, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cublasLtBSBMatmulAlgoGetHeuristicForStream, .-cublasLtBSBMatmulAlgoGetHeuristicForStream
     .globl cublasLtBSBMatmulAlgoGetIds
     .type cublasLtBSBMatmulAlgoGetIds, @function
 cublasLtBSBMatmulAlgoGetIds:
-    leaq .Lname17(%rip), %rdi
+    leaq .Lname23(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -148,7 +196,7 @@ cublasLtBSBMatmulAlgoGetIds:
     .globl cublasLtBSBMatmulAlgoInit
     .type cublasLtBSBMatmulAlgoInit, @function
 cublasLtBSBMatmulAlgoInit:
-    leaq .Lname18(%rip), %rdi
+    leaq .Lname24(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -156,7 +204,7 @@ cublasLtBSBMatmulAlgoInit:
     .globl cublasLtBSSMatmul
     .type cublasLtBSSMatmul, @function
 cublasLtBSSMatmul:
-    leaq .Lname19(%rip), %rdi
+    leaq .Lname25(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -164,7 +212,7 @@ cublasLtBSSMatmul:
     .globl cublasLtBSSMatmulAlgoCapGetAttribute
     .type cublasLtBSSMatmulAlgoCapGetAttribute, @function
 cublasLtBSSMatmulAlgoCapGetAttribute:
-    leaq .Lname20(%rip), %rdi
+    leaq .Lname26(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -172,23 +220,39 @@ cublasLtBSSMatmulAlgoCapGetAttribute:
     .globl cublasLtBSSMatmulAlgoCheck
     .type cublasLtBSSMatmulAlgoCheck, @function
 cublasLtBSSMatmulAlgoCheck:
-    leaq .Lname21(%rip), %rdi
+    leaq .Lname27(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cublasLtBSSMatmulAlgoCheck, .-cublasLtBSSMatmulAlgoCheck
+    .globl cublasLtBSSMatmulAlgoCheckForStream
+    .type cublasLtBSSMatmulAlgoCheckForStream, @function
+cublasLtBSSMatmulAlgoCheckForStream:
+    leaq .Lname28(%rip), %rdi
+    movq $15, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cublasLtBSSMatmulAlgoCheckForStream, .-cublasLtBSSMatmulAlgoCheckForStream
     .globl cublasLtBSSMatmulAlgoGetHeuristic
     .type cublasLtBSSMatmulAlgoGetHeuristic, @function
 cublasLtBSSMatmulAlgoGetHeuristic:
-    leaq .Lname22(%rip), %rdi
+    leaq .Lname29(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cublasLtBSSMatmulAlgoGetHeuristic, .-cublasLtBSSMatmulAlgoGetHeuristic
+    .globl cublasLtBSSMatmulAlgoGetHeuristicForStream
+    .type cublasLtBSSMatmulAlgoGetHeuristicForStream, @function
+cublasLtBSSMatmulAlgoGetHeuristicForStream:
+    leaq .Lname30(%rip), %rdi
+    movq $15, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cublasLtBSSMatmulAlgoGetHeuristicForStream, .-cublasLtBSSMatmulAlgoGetHeuristicForStream
     .globl cublasLtBSSMatmulAlgoGetIds
     .type cublasLtBSSMatmulAlgoGetIds, @function
 cublasLtBSSMatmulAlgoGetIds:
-    leaq .Lname23(%rip), %rdi
+    leaq .Lname31(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -196,7 +260,7 @@ cublasLtBSSMatmulAlgoGetIds:
     .globl cublasLtBSSMatmulAlgoInit
     .type cublasLtBSSMatmulAlgoInit, @function
 cublasLtBSSMatmulAlgoInit:
-    leaq .Lname24(%rip), %rdi
+    leaq .Lname32(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -204,7 +268,7 @@ cublasLtBSSMatmulAlgoInit:
     .globl cublasLtCCCMatmul
     .type cublasLtCCCMatmul, @function
 cublasLtCCCMatmul:
-    leaq .Lname25(%rip), %rdi
+    leaq .Lname33(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -212,7 +276,7 @@ cublasLtCCCMatmul:
     .globl cublasLtCCCMatmulAlgoCapGetAttribute
     .type cublasLtCCCMatmulAlgoCapGetAttribute, @function
 cublasLtCCCMatmulAlgoCapGetAttribute:
-    leaq .Lname26(%rip), %rdi
+    leaq .Lname34(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -220,23 +284,39 @@ cublasLtCCCMatmulAlgoCapGetAttribute:
     .globl cublasLtCCCMatmulAlgoCheck
     .type cublasLtCCCMatmulAlgoCheck, @function
 cublasLtCCCMatmulAlgoCheck:
-    leaq .Lname27(%rip), %rdi
+    leaq .Lname35(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cublasLtCCCMatmulAlgoCheck, .-cublasLtCCCMatmulAlgoCheck
+    .globl cublasLtCCCMatmulAlgoCheckForStream
+    .type cublasLtCCCMatmulAlgoCheckForStream, @function
+cublasLtCCCMatmulAlgoCheckForStream:
+    leaq .Lname36(%rip), %rdi
+    movq $15, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cublasLtCCCMatmulAlgoCheckForStream, .-cublasLtCCCMatmulAlgoCheckForStream
     .globl cublasLtCCCMatmulAlgoGetHeuristic
     .type cublasLtCCCMatmulAlgoGetHeuristic, @function
 cublasLtCCCMatmulAlgoGetHeuristic:
-    leaq .Lname28(%rip), %rdi
+    leaq .Lname37(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cublasLtCCCMatmulAlgoGetHeuristic, .-cublasLtCCCMatmulAlgoGetHeuristic
+    .globl cublasLtCCCMatmulAlgoGetHeuristicForStream
+    .type cublasLtCCCMatmulAlgoGetHeuristicForStream, @function
+cublasLtCCCMatmulAlgoGetHeuristicForStream:
+    leaq .Lname38(%rip), %rdi
+    movq $15, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cublasLtCCCMatmulAlgoGetHeuristicForStream, .-cublasLtCCCMatmulAlgoGetHeuristicForStream
     .globl cublasLtCCCMatmulAlgoGetIds
     .type cublasLtCCCMatmulAlgoGetIds, @function
 cublasLtCCCMatmulAlgoGetIds:
-    leaq .Lname29(%rip), %rdi
+    leaq .Lname39(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -244,7 +324,7 @@ cublasLtCCCMatmulAlgoGetIds:
     .globl cublasLtCCCMatmulAlgoInit
     .type cublasLtCCCMatmulAlgoInit, @function
 cublasLtCCCMatmulAlgoInit:
-    leaq .Lname30(%rip), %rdi
+    leaq .Lname40(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -252,7 +332,7 @@ cublasLtCCCMatmulAlgoInit:
     .globl cublasLtClearNvjetCache
     .type cublasLtClearNvjetCache, @function
 cublasLtClearNvjetCache:
-    leaq .Lname31(%rip), %rdi
+    leaq .Lname41(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -265,7 +345,7 @@ cublasLtCreate:
     .globl cublasLtCtxInit
     .type cublasLtCtxInit, @function
 cublasLtCtxInit:
-    leaq .Lname32(%rip), %rdi
+    leaq .Lname42(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -273,7 +353,7 @@ cublasLtCtxInit:
     .globl cublasLtDDDMatmul
     .type cublasLtDDDMatmul, @function
 cublasLtDDDMatmul:
-    leaq .Lname33(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -281,7 +361,7 @@ cublasLtDDDMatmul:
     .globl cublasLtDDDMatmulAlgoCapGetAttribute
     .type cublasLtDDDMatmulAlgoCapGetAttribute, @function
 cublasLtDDDMatmulAlgoCapGetAttribute:
-    leaq .Lname34(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -289,23 +369,39 @@ cublasLtDDDMatmulAlgoCapGetAttribute:
     .globl cublasLtDDDMatmulAlgoCheck
     .type cublasLtDDDMatmulAlgoCheck, @function
 cublasLtDDDMatmulAlgoCheck:
-    leaq .Lname35(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cublasLtDDDMatmulAlgoCheck, .-cublasLtDDDMatmulAlgoCheck
+    .globl cublasLtDDDMatmulAlgoCheckForStream
+    .type cublasLtDDDMatmulAlgoCheckForStream, @function
+cublasLtDDDMatmulAlgoCheckForStream:
+    leaq .Lname46(%rip), %rdi
+    movq $15, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cublasLtDDDMatmulAlgoCheckForStream, .-cublasLtDDDMatmulAlgoCheckForStream
     .globl cublasLtDDDMatmulAlgoGetHeuristic
     .type cublasLtDDDMatmulAlgoGetHeuristic, @function
 cublasLtDDDMatmulAlgoGetHeuristic:
-    leaq .Lname36(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cublasLtDDDMatmulAlgoGetHeuristic, .-cublasLtDDDMatmulAlgoGetHeuristic
+    .globl cublasLtDDDMatmulAlgoGetHeuristicForStream
+    .type cublasLtDDDMatmulAlgoGetHeuristicForStream, @function
+cublasLtDDDMatmulAlgoGetHeuristicForStream:
+    leaq .Lname48(%rip), %rdi
+    movq $15, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cublasLtDDDMatmulAlgoGetHeuristicForStream, .-cublasLtDDDMatmulAlgoGetHeuristicForStream
     .globl cublasLtDDDMatmulAlgoGetIds
     .type cublasLtDDDMatmulAlgoGetIds, @function
 cublasLtDDDMatmulAlgoGetIds:
-    leaq .Lname37(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -313,7 +409,7 @@ cublasLtDDDMatmulAlgoGetIds:
     .globl cublasLtDDDMatmulAlgoInit
     .type cublasLtDDDMatmulAlgoInit, @function
 cublasLtDDDMatmulAlgoInit:
-    leaq .Lname38(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -341,7 +437,7 @@ cublasLtEmulationDescDestroy:
     .globl cublasLtEmulationDescGetAttribute
     .type cublasLtEmulationDescGetAttribute, @function
 cublasLtEmulationDescGetAttribute:
-    leaq .Lname39(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -354,7 +450,7 @@ cublasLtEmulationDescInit_internal:
     .globl cublasLtEmulationDescSetAttribute
     .type cublasLtEmulationDescSetAttribute, @function
 cublasLtEmulationDescSetAttribute:
-    leaq .Lname40(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -367,7 +463,7 @@ cublasLtGetCudartVersion:
     .globl cublasLtGetEnvironmentMode
     .type cublasLtGetEnvironmentMode, @function
 cublasLtGetEnvironmentMode:
-    leaq .Lname41(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -392,10 +488,26 @@ cublasLtGetStatusString:
 cublasLtGetVersion:
     jmp __chidori_cublaslt_cublasLtGetVersion@PLT
     .size cublasLtGetVersion, .-cublasLtGetVersion
+    .globl cublasLtGroupedMatrixLayoutCreate
+    .type cublasLtGroupedMatrixLayoutCreate, @function
+cublasLtGroupedMatrixLayoutCreate:
+    leaq .Lname54(%rip), %rdi
+    movq $15, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cublasLtGroupedMatrixLayoutCreate, .-cublasLtGroupedMatrixLayoutCreate
+    .globl cublasLtGroupedMatrixLayoutInit_internal
+    .type cublasLtGroupedMatrixLayoutInit_internal, @function
+cublasLtGroupedMatrixLayoutInit_internal:
+    leaq .Lname55(%rip), %rdi
+    movq $15, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cublasLtGroupedMatrixLayoutInit_internal, .-cublasLtGroupedMatrixLayoutInit_internal
     .globl cublasLtHHHMatmul
     .type cublasLtHHHMatmul, @function
 cublasLtHHHMatmul:
-    leaq .Lname42(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -403,7 +515,7 @@ cublasLtHHHMatmul:
     .globl cublasLtHHHMatmulAlgoCapGetAttribute
     .type cublasLtHHHMatmulAlgoCapGetAttribute, @function
 cublasLtHHHMatmulAlgoCapGetAttribute:
-    leaq .Lname43(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -411,23 +523,39 @@ cublasLtHHHMatmulAlgoCapGetAttribute:
     .globl cublasLtHHHMatmulAlgoCheck
     .type cublasLtHHHMatmulAlgoCheck, @function
 cublasLtHHHMatmulAlgoCheck:
-    leaq .Lname44(%rip), %rdi
+    leaq .Lname58(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cublasLtHHHMatmulAlgoCheck, .-cublasLtHHHMatmulAlgoCheck
+    .globl cublasLtHHHMatmulAlgoCheckForStream
+    .type cublasLtHHHMatmulAlgoCheckForStream, @function
+cublasLtHHHMatmulAlgoCheckForStream:
+    leaq .Lname59(%rip), %rdi
+    movq $15, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cublasLtHHHMatmulAlgoCheckForStream, .-cublasLtHHHMatmulAlgoCheckForStream
     .globl cublasLtHHHMatmulAlgoGetHeuristic
     .type cublasLtHHHMatmulAlgoGetHeuristic, @function
 cublasLtHHHMatmulAlgoGetHeuristic:
-    leaq .Lname45(%rip), %rdi
+    leaq .Lname60(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cublasLtHHHMatmulAlgoGetHeuristic, .-cublasLtHHHMatmulAlgoGetHeuristic
+    .globl cublasLtHHHMatmulAlgoGetHeuristicForStream
+    .type cublasLtHHHMatmulAlgoGetHeuristicForStream, @function
+cublasLtHHHMatmulAlgoGetHeuristicForStream:
+    leaq .Lname61(%rip), %rdi
+    movq $15, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cublasLtHHHMatmulAlgoGetHeuristicForStream, .-cublasLtHHHMatmulAlgoGetHeuristicForStream
     .globl cublasLtHHHMatmulAlgoGetIds
     .type cublasLtHHHMatmulAlgoGetIds, @function
 cublasLtHHHMatmulAlgoGetIds:
-    leaq .Lname46(%rip), %rdi
+    leaq .Lname62(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -435,7 +563,7 @@ cublasLtHHHMatmulAlgoGetIds:
     .globl cublasLtHHHMatmulAlgoInit
     .type cublasLtHHHMatmulAlgoInit, @function
 cublasLtHHHMatmulAlgoInit:
-    leaq .Lname47(%rip), %rdi
+    leaq .Lname63(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -443,7 +571,7 @@ cublasLtHHHMatmulAlgoInit:
     .globl cublasLtHSHMatmul
     .type cublasLtHSHMatmul, @function
 cublasLtHSHMatmul:
-    leaq .Lname48(%rip), %rdi
+    leaq .Lname64(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -451,7 +579,7 @@ cublasLtHSHMatmul:
     .globl cublasLtHSHMatmulAlgoCapGetAttribute
     .type cublasLtHSHMatmulAlgoCapGetAttribute, @function
 cublasLtHSHMatmulAlgoCapGetAttribute:
-    leaq .Lname49(%rip), %rdi
+    leaq .Lname65(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -459,23 +587,39 @@ cublasLtHSHMatmulAlgoCapGetAttribute:
     .globl cublasLtHSHMatmulAlgoCheck
     .type cublasLtHSHMatmulAlgoCheck, @function
 cublasLtHSHMatmulAlgoCheck:
-    leaq .Lname50(%rip), %rdi
+    leaq .Lname66(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cublasLtHSHMatmulAlgoCheck, .-cublasLtHSHMatmulAlgoCheck
+    .globl cublasLtHSHMatmulAlgoCheckForStream
+    .type cublasLtHSHMatmulAlgoCheckForStream, @function
+cublasLtHSHMatmulAlgoCheckForStream:
+    leaq .Lname67(%rip), %rdi
+    movq $15, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cublasLtHSHMatmulAlgoCheckForStream, .-cublasLtHSHMatmulAlgoCheckForStream
     .globl cublasLtHSHMatmulAlgoGetHeuristic
     .type cublasLtHSHMatmulAlgoGetHeuristic, @function
 cublasLtHSHMatmulAlgoGetHeuristic:
-    leaq .Lname51(%rip), %rdi
+    leaq .Lname68(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cublasLtHSHMatmulAlgoGetHeuristic, .-cublasLtHSHMatmulAlgoGetHeuristic
+    .globl cublasLtHSHMatmulAlgoGetHeuristicForStream
+    .type cublasLtHSHMatmulAlgoGetHeuristicForStream, @function
+cublasLtHSHMatmulAlgoGetHeuristicForStream:
+    leaq .Lname69(%rip), %rdi
+    movq $15, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cublasLtHSHMatmulAlgoGetHeuristicForStream, .-cublasLtHSHMatmulAlgoGetHeuristicForStream
     .globl cublasLtHSHMatmulAlgoGetIds
     .type cublasLtHSHMatmulAlgoGetIds, @function
 cublasLtHSHMatmulAlgoGetIds:
-    leaq .Lname52(%rip), %rdi
+    leaq .Lname70(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -483,7 +627,7 @@ cublasLtHSHMatmulAlgoGetIds:
     .globl cublasLtHSHMatmulAlgoInit
     .type cublasLtHSHMatmulAlgoInit, @function
 cublasLtHSHMatmulAlgoInit:
-    leaq .Lname53(%rip), %rdi
+    leaq .Lname71(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -491,7 +635,7 @@ cublasLtHSHMatmulAlgoInit:
     .globl cublasLtHSSMatmul
     .type cublasLtHSSMatmul, @function
 cublasLtHSSMatmul:
-    leaq .Lname54(%rip), %rdi
+    leaq .Lname72(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -499,7 +643,7 @@ cublasLtHSSMatmul:
     .globl cublasLtHSSMatmulAlgoCapGetAttribute
     .type cublasLtHSSMatmulAlgoCapGetAttribute, @function
 cublasLtHSSMatmulAlgoCapGetAttribute:
-    leaq .Lname55(%rip), %rdi
+    leaq .Lname73(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -507,23 +651,39 @@ cublasLtHSSMatmulAlgoCapGetAttribute:
     .globl cublasLtHSSMatmulAlgoCheck
     .type cublasLtHSSMatmulAlgoCheck, @function
 cublasLtHSSMatmulAlgoCheck:
-    leaq .Lname56(%rip), %rdi
+    leaq .Lname74(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cublasLtHSSMatmulAlgoCheck, .-cublasLtHSSMatmulAlgoCheck
+    .globl cublasLtHSSMatmulAlgoCheckForStream
+    .type cublasLtHSSMatmulAlgoCheckForStream, @function
+cublasLtHSSMatmulAlgoCheckForStream:
+    leaq .Lname75(%rip), %rdi
+    movq $15, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cublasLtHSSMatmulAlgoCheckForStream, .-cublasLtHSSMatmulAlgoCheckForStream
     .globl cublasLtHSSMatmulAlgoGetHeuristic
     .type cublasLtHSSMatmulAlgoGetHeuristic, @function
 cublasLtHSSMatmulAlgoGetHeuristic:
-    leaq .Lname57(%rip), %rdi
+    leaq .Lname76(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cublasLtHSSMatmulAlgoGetHeuristic, .-cublasLtHSSMatmulAlgoGetHeuristic
+    .globl cublasLtHSSMatmulAlgoGetHeuristicForStream
+    .type cublasLtHSSMatmulAlgoGetHeuristicForStream, @function
+cublasLtHSSMatmulAlgoGetHeuristicForStream:
+    leaq .Lname77(%rip), %rdi
+    movq $15, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cublasLtHSSMatmulAlgoGetHeuristicForStream, .-cublasLtHSSMatmulAlgoGetHeuristicForStream
     .globl cublasLtHSSMatmulAlgoGetIds
     .type cublasLtHSSMatmulAlgoGetIds, @function
 cublasLtHSSMatmulAlgoGetIds:
-    leaq .Lname58(%rip), %rdi
+    leaq .Lname78(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -531,7 +691,7 @@ cublasLtHSSMatmulAlgoGetIds:
     .globl cublasLtHSSMatmulAlgoInit
     .type cublasLtHSSMatmulAlgoInit, @function
 cublasLtHSSMatmulAlgoInit:
-    leaq .Lname59(%rip), %rdi
+    leaq .Lname79(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -539,7 +699,7 @@ cublasLtHSSMatmulAlgoInit:
     .globl cublasLtHeuristicLutSerializeEntry
     .type cublasLtHeuristicLutSerializeEntry, @function
 cublasLtHeuristicLutSerializeEntry:
-    leaq .Lname60(%rip), %rdi
+    leaq .Lname80(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -547,7 +707,7 @@ cublasLtHeuristicLutSerializeEntry:
     .globl cublasLtHeuristicsCacheCreate
     .type cublasLtHeuristicsCacheCreate, @function
 cublasLtHeuristicsCacheCreate:
-    leaq .Lname61(%rip), %rdi
+    leaq .Lname81(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -555,7 +715,7 @@ cublasLtHeuristicsCacheCreate:
     .globl cublasLtHeuristicsCacheDestroy
     .type cublasLtHeuristicsCacheDestroy, @function
 cublasLtHeuristicsCacheDestroy:
-    leaq .Lname62(%rip), %rdi
+    leaq .Lname82(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -563,7 +723,7 @@ cublasLtHeuristicsCacheDestroy:
     .globl cublasLtHeuristicsCacheGet
     .type cublasLtHeuristicsCacheGet, @function
 cublasLtHeuristicsCacheGet:
-    leaq .Lname63(%rip), %rdi
+    leaq .Lname83(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -576,7 +736,7 @@ cublasLtHeuristicsCacheGetCapacity:
     .globl cublasLtHeuristicsCachePut
     .type cublasLtHeuristicsCachePut, @function
 cublasLtHeuristicsCachePut:
-    leaq .Lname64(%rip), %rdi
+    leaq .Lname84(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -589,7 +749,7 @@ cublasLtHeuristicsCacheSetCapacity:
     .globl cublasLtKCCMatmul
     .type cublasLtKCCMatmul, @function
 cublasLtKCCMatmul:
-    leaq .Lname65(%rip), %rdi
+    leaq .Lname85(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -597,7 +757,7 @@ cublasLtKCCMatmul:
     .globl cublasLtKCCMatmulAlgoCapGetAttribute
     .type cublasLtKCCMatmulAlgoCapGetAttribute, @function
 cublasLtKCCMatmulAlgoCapGetAttribute:
-    leaq .Lname66(%rip), %rdi
+    leaq .Lname86(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -605,23 +765,39 @@ cublasLtKCCMatmulAlgoCapGetAttribute:
     .globl cublasLtKCCMatmulAlgoCheck
     .type cublasLtKCCMatmulAlgoCheck, @function
 cublasLtKCCMatmulAlgoCheck:
-    leaq .Lname67(%rip), %rdi
+    leaq .Lname87(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cublasLtKCCMatmulAlgoCheck, .-cublasLtKCCMatmulAlgoCheck
+    .globl cublasLtKCCMatmulAlgoCheckForStream
+    .type cublasLtKCCMatmulAlgoCheckForStream, @function
+cublasLtKCCMatmulAlgoCheckForStream:
+    leaq .Lname88(%rip), %rdi
+    movq $15, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cublasLtKCCMatmulAlgoCheckForStream, .-cublasLtKCCMatmulAlgoCheckForStream
     .globl cublasLtKCCMatmulAlgoGetHeuristic
     .type cublasLtKCCMatmulAlgoGetHeuristic, @function
 cublasLtKCCMatmulAlgoGetHeuristic:
-    leaq .Lname68(%rip), %rdi
+    leaq .Lname89(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cublasLtKCCMatmulAlgoGetHeuristic, .-cublasLtKCCMatmulAlgoGetHeuristic
+    .globl cublasLtKCCMatmulAlgoGetHeuristicForStream
+    .type cublasLtKCCMatmulAlgoGetHeuristicForStream, @function
+cublasLtKCCMatmulAlgoGetHeuristicForStream:
+    leaq .Lname90(%rip), %rdi
+    movq $15, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cublasLtKCCMatmulAlgoGetHeuristicForStream, .-cublasLtKCCMatmulAlgoGetHeuristicForStream
     .globl cublasLtKCCMatmulAlgoGetIds
     .type cublasLtKCCMatmulAlgoGetIds, @function
 cublasLtKCCMatmulAlgoGetIds:
-    leaq .Lname69(%rip), %rdi
+    leaq .Lname91(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -629,7 +805,7 @@ cublasLtKCCMatmulAlgoGetIds:
     .globl cublasLtKCCMatmulAlgoInit
     .type cublasLtKCCMatmulAlgoInit, @function
 cublasLtKCCMatmulAlgoInit:
-    leaq .Lname70(%rip), %rdi
+    leaq .Lname92(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -637,7 +813,7 @@ cublasLtKCCMatmulAlgoInit:
     .globl cublasLtKCKMatmul
     .type cublasLtKCKMatmul, @function
 cublasLtKCKMatmul:
-    leaq .Lname71(%rip), %rdi
+    leaq .Lname93(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -645,7 +821,7 @@ cublasLtKCKMatmul:
     .globl cublasLtKCKMatmulAlgoCapGetAttribute
     .type cublasLtKCKMatmulAlgoCapGetAttribute, @function
 cublasLtKCKMatmulAlgoCapGetAttribute:
-    leaq .Lname72(%rip), %rdi
+    leaq .Lname94(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -653,23 +829,39 @@ cublasLtKCKMatmulAlgoCapGetAttribute:
     .globl cublasLtKCKMatmulAlgoCheck
     .type cublasLtKCKMatmulAlgoCheck, @function
 cublasLtKCKMatmulAlgoCheck:
-    leaq .Lname73(%rip), %rdi
+    leaq .Lname95(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cublasLtKCKMatmulAlgoCheck, .-cublasLtKCKMatmulAlgoCheck
+    .globl cublasLtKCKMatmulAlgoCheckForStream
+    .type cublasLtKCKMatmulAlgoCheckForStream, @function
+cublasLtKCKMatmulAlgoCheckForStream:
+    leaq .Lname96(%rip), %rdi
+    movq $15, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cublasLtKCKMatmulAlgoCheckForStream, .-cublasLtKCKMatmulAlgoCheckForStream
     .globl cublasLtKCKMatmulAlgoGetHeuristic
     .type cublasLtKCKMatmulAlgoGetHeuristic, @function
 cublasLtKCKMatmulAlgoGetHeuristic:
-    leaq .Lname74(%rip), %rdi
+    leaq .Lname97(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cublasLtKCKMatmulAlgoGetHeuristic, .-cublasLtKCKMatmulAlgoGetHeuristic
+    .globl cublasLtKCKMatmulAlgoGetHeuristicForStream
+    .type cublasLtKCKMatmulAlgoGetHeuristicForStream, @function
+cublasLtKCKMatmulAlgoGetHeuristicForStream:
+    leaq .Lname98(%rip), %rdi
+    movq $15, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cublasLtKCKMatmulAlgoGetHeuristicForStream, .-cublasLtKCKMatmulAlgoGetHeuristicForStream
     .globl cublasLtKCKMatmulAlgoGetIds
     .type cublasLtKCKMatmulAlgoGetIds, @function
 cublasLtKCKMatmulAlgoGetIds:
-    leaq .Lname75(%rip), %rdi
+    leaq .Lname99(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -677,7 +869,7 @@ cublasLtKCKMatmulAlgoGetIds:
     .globl cublasLtKCKMatmulAlgoInit
     .type cublasLtKCKMatmulAlgoInit, @function
 cublasLtKCKMatmulAlgoInit:
-    leaq .Lname76(%rip), %rdi
+    leaq .Lname100(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -685,7 +877,7 @@ cublasLtKCKMatmulAlgoInit:
     .globl cublasLtLegacyGemmACC
     .type cublasLtLegacyGemmACC, @function
 cublasLtLegacyGemmACC:
-    leaq .Lname77(%rip), %rdi
+    leaq .Lname101(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -693,7 +885,7 @@ cublasLtLegacyGemmACC:
     .globl cublasLtLegacyGemmBII
     .type cublasLtLegacyGemmBII, @function
 cublasLtLegacyGemmBII:
-    leaq .Lname78(%rip), %rdi
+    leaq .Lname102(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -701,7 +893,7 @@ cublasLtLegacyGemmBII:
     .globl cublasLtLegacyGemmBSS
     .type cublasLtLegacyGemmBSS, @function
 cublasLtLegacyGemmBSS:
-    leaq .Lname79(%rip), %rdi
+    leaq .Lname103(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -709,7 +901,7 @@ cublasLtLegacyGemmBSS:
     .globl cublasLtLegacyGemmCCC
     .type cublasLtLegacyGemmCCC, @function
 cublasLtLegacyGemmCCC:
-    leaq .Lname80(%rip), %rdi
+    leaq .Lname104(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -717,7 +909,7 @@ cublasLtLegacyGemmCCC:
     .globl cublasLtLegacyGemmDDD
     .type cublasLtLegacyGemmDDD, @function
 cublasLtLegacyGemmDDD:
-    leaq .Lname81(%rip), %rdi
+    leaq .Lname105(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -725,7 +917,7 @@ cublasLtLegacyGemmDDD:
     .globl cublasLtLegacyGemmHHH
     .type cublasLtLegacyGemmHHH, @function
 cublasLtLegacyGemmHHH:
-    leaq .Lname82(%rip), %rdi
+    leaq .Lname106(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -733,7 +925,7 @@ cublasLtLegacyGemmHHH:
     .globl cublasLtLegacyGemmHSH
     .type cublasLtLegacyGemmHSH, @function
 cublasLtLegacyGemmHSH:
-    leaq .Lname83(%rip), %rdi
+    leaq .Lname107(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -741,7 +933,7 @@ cublasLtLegacyGemmHSH:
     .globl cublasLtLegacyGemmHSS
     .type cublasLtLegacyGemmHSS, @function
 cublasLtLegacyGemmHSS:
-    leaq .Lname84(%rip), %rdi
+    leaq .Lname108(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -749,7 +941,7 @@ cublasLtLegacyGemmHSS:
     .globl cublasLtLegacyGemmSSS
     .type cublasLtLegacyGemmSSS, @function
 cublasLtLegacyGemmSSS:
-    leaq .Lname85(%rip), %rdi
+    leaq .Lname109(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -757,7 +949,7 @@ cublasLtLegacyGemmSSS:
     .globl cublasLtLegacyGemmTSS
     .type cublasLtLegacyGemmTSS, @function
 cublasLtLegacyGemmTSS:
-    leaq .Lname86(%rip), %rdi
+    leaq .Lname110(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -765,7 +957,7 @@ cublasLtLegacyGemmTSS:
     .globl cublasLtLegacyGemmTST
     .type cublasLtLegacyGemmTST, @function
 cublasLtLegacyGemmTST:
-    leaq .Lname87(%rip), %rdi
+    leaq .Lname111(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -773,7 +965,7 @@ cublasLtLegacyGemmTST:
     .globl cublasLtLegacyGemmZZZ
     .type cublasLtLegacyGemmZZZ, @function
 cublasLtLegacyGemmZZZ:
-    leaq .Lname88(%rip), %rdi
+    leaq .Lname112(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -786,7 +978,7 @@ cublasLtLoggerForceDisable:
     .globl cublasLtLoggerOpenFile
     .type cublasLtLoggerOpenFile, @function
 cublasLtLoggerOpenFile:
-    leaq .Lname89(%rip), %rdi
+    leaq .Lname113(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -794,7 +986,7 @@ cublasLtLoggerOpenFile:
     .globl cublasLtLoggerSetCallback
     .type cublasLtLoggerSetCallback, @function
 cublasLtLoggerSetCallback:
-    leaq .Lname90(%rip), %rdi
+    leaq .Lname114(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -802,7 +994,7 @@ cublasLtLoggerSetCallback:
     .globl cublasLtLoggerSetFile
     .type cublasLtLoggerSetFile, @function
 cublasLtLoggerSetFile:
-    leaq .Lname91(%rip), %rdi
+    leaq .Lname115(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -820,7 +1012,7 @@ cublasLtLoggerSetMask:
     .globl cublasLtMatmul
     .type cublasLtMatmul, @function
 cublasLtMatmul:
-    jmp __chidori_cublaslt_cublasLtMatmul__cu126@PLT
+    jmp __chidori_cublaslt_cublasLtMatmul__cu135@PLT
     .size cublasLtMatmul, .-cublasLtMatmul
     .globl cublasLtMatmulAlgoCapGetAttribute
     .type cublasLtMatmulAlgoCapGetAttribute, @function
@@ -830,8 +1022,13 @@ cublasLtMatmulAlgoCapGetAttribute:
     .globl cublasLtMatmulAlgoCheck
     .type cublasLtMatmulAlgoCheck, @function
 cublasLtMatmulAlgoCheck:
-    jmp __chidori_cublaslt_cublasLtMatmulAlgoCheck__cu126@PLT
+    jmp __chidori_cublaslt_cublasLtMatmulAlgoCheck__cu135@PLT
     .size cublasLtMatmulAlgoCheck, .-cublasLtMatmulAlgoCheck
+    .globl cublasLtMatmulAlgoCheckForStream
+    .type cublasLtMatmulAlgoCheckForStream, @function
+cublasLtMatmulAlgoCheckForStream:
+    jmp __chidori_cublaslt_cublasLtMatmulAlgoCheckForStream@PLT
+    .size cublasLtMatmulAlgoCheckForStream, .-cublasLtMatmulAlgoCheckForStream
     .globl cublasLtMatmulAlgoConfigGetAttribute
     .type cublasLtMatmulAlgoConfigGetAttribute, @function
 cublasLtMatmulAlgoConfigGetAttribute:
@@ -840,7 +1037,7 @@ cublasLtMatmulAlgoConfigGetAttribute:
     .globl cublasLtMatmulAlgoConfigGetAttributeRange
     .type cublasLtMatmulAlgoConfigGetAttributeRange, @function
 cublasLtMatmulAlgoConfigGetAttributeRange:
-    leaq .Lname92(%rip), %rdi
+    leaq .Lname116(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -853,8 +1050,13 @@ cublasLtMatmulAlgoConfigSetAttribute:
     .globl cublasLtMatmulAlgoGetHeuristic
     .type cublasLtMatmulAlgoGetHeuristic, @function
 cublasLtMatmulAlgoGetHeuristic:
-    jmp __chidori_cublaslt_cublasLtMatmulAlgoGetHeuristic__cu126@PLT
+    jmp __chidori_cublaslt_cublasLtMatmulAlgoGetHeuristic__cu135@PLT
     .size cublasLtMatmulAlgoGetHeuristic, .-cublasLtMatmulAlgoGetHeuristic
+    .globl cublasLtMatmulAlgoGetHeuristicForStream
+    .type cublasLtMatmulAlgoGetHeuristicForStream, @function
+cublasLtMatmulAlgoGetHeuristicForStream:
+    jmp __chidori_cublaslt_cublasLtMatmulAlgoGetHeuristicForStream@PLT
+    .size cublasLtMatmulAlgoGetHeuristicForStream, .-cublasLtMatmulAlgoGetHeuristicForStream
     .globl cublasLtMatmulAlgoGetIds
     .type cublasLtMatmulAlgoGetIds, @function
 cublasLtMatmulAlgoGetIds:
@@ -893,57 +1095,57 @@ cublasLtMatmulDescSetAttribute:
     .globl cublasLtMatmulPreferenceCreate
     .type cublasLtMatmulPreferenceCreate, @function
 cublasLtMatmulPreferenceCreate:
-    jmp __chidori_cublaslt_cublasLtMatmulPreferenceCreate__cu121@PLT
+    jmp __chidori_cublaslt_cublasLtMatmulPreferenceCreate__cu135@PLT
     .size cublasLtMatmulPreferenceCreate, .-cublasLtMatmulPreferenceCreate
     .globl cublasLtMatmulPreferenceDestroy
     .type cublasLtMatmulPreferenceDestroy, @function
 cublasLtMatmulPreferenceDestroy:
-    jmp __chidori_cublaslt_cublasLtMatmulPreferenceDestroy__cu121@PLT
+    jmp __chidori_cublaslt_cublasLtMatmulPreferenceDestroy__cu135@PLT
     .size cublasLtMatmulPreferenceDestroy, .-cublasLtMatmulPreferenceDestroy
     .globl cublasLtMatmulPreferenceGetAttribute
     .type cublasLtMatmulPreferenceGetAttribute, @function
 cublasLtMatmulPreferenceGetAttribute:
-    jmp __chidori_cublaslt_cublasLtMatmulPreferenceGetAttribute__cu121@PLT
+    jmp __chidori_cublaslt_cublasLtMatmulPreferenceGetAttribute__cu135@PLT
     .size cublasLtMatmulPreferenceGetAttribute, .-cublasLtMatmulPreferenceGetAttribute
     .globl cublasLtMatmulPreferenceInit_internal
     .type cublasLtMatmulPreferenceInit_internal, @function
 cublasLtMatmulPreferenceInit_internal:
-    jmp __chidori_cublaslt_cublasLtMatmulPreferenceInit_internal__cu121@PLT
+    jmp __chidori_cublaslt_cublasLtMatmulPreferenceInit_internal__cu135@PLT
     .size cublasLtMatmulPreferenceInit_internal, .-cublasLtMatmulPreferenceInit_internal
     .globl cublasLtMatmulPreferenceSetAttribute
     .type cublasLtMatmulPreferenceSetAttribute, @function
 cublasLtMatmulPreferenceSetAttribute:
-    jmp __chidori_cublaslt_cublasLtMatmulPreferenceSetAttribute__cu121@PLT
+    jmp __chidori_cublaslt_cublasLtMatmulPreferenceSetAttribute__cu135@PLT
     .size cublasLtMatmulPreferenceSetAttribute, .-cublasLtMatmulPreferenceSetAttribute
     .globl cublasLtMatrixLayoutCreate
     .type cublasLtMatrixLayoutCreate, @function
 cublasLtMatrixLayoutCreate:
-    jmp __chidori_cublaslt_cublasLtMatrixLayoutCreate@PLT
+    jmp __chidori_cublaslt_cublasLtMatrixLayoutCreate__cu135@PLT
     .size cublasLtMatrixLayoutCreate, .-cublasLtMatrixLayoutCreate
     .globl cublasLtMatrixLayoutDestroy
     .type cublasLtMatrixLayoutDestroy, @function
 cublasLtMatrixLayoutDestroy:
-    jmp __chidori_cublaslt_cublasLtMatrixLayoutDestroy@PLT
+    jmp __chidori_cublaslt_cublasLtMatrixLayoutDestroy__cu135@PLT
     .size cublasLtMatrixLayoutDestroy, .-cublasLtMatrixLayoutDestroy
     .globl cublasLtMatrixLayoutGetAttribute
     .type cublasLtMatrixLayoutGetAttribute, @function
 cublasLtMatrixLayoutGetAttribute:
-    jmp __chidori_cublaslt_cublasLtMatrixLayoutGetAttribute@PLT
+    jmp __chidori_cublaslt_cublasLtMatrixLayoutGetAttribute__cu135@PLT
     .size cublasLtMatrixLayoutGetAttribute, .-cublasLtMatrixLayoutGetAttribute
     .globl cublasLtMatrixLayoutInit_internal
     .type cublasLtMatrixLayoutInit_internal, @function
 cublasLtMatrixLayoutInit_internal:
-    jmp __chidori_cublaslt_cublasLtMatrixLayoutInit_internal@PLT
+    jmp __chidori_cublaslt_cublasLtMatrixLayoutInit_internal__cu135@PLT
     .size cublasLtMatrixLayoutInit_internal, .-cublasLtMatrixLayoutInit_internal
     .globl cublasLtMatrixLayoutSetAttribute
     .type cublasLtMatrixLayoutSetAttribute, @function
 cublasLtMatrixLayoutSetAttribute:
-    jmp __chidori_cublaslt_cublasLtMatrixLayoutSetAttribute@PLT
+    jmp __chidori_cublaslt_cublasLtMatrixLayoutSetAttribute__cu135@PLT
     .size cublasLtMatrixLayoutSetAttribute, .-cublasLtMatrixLayoutSetAttribute
     .globl cublasLtMatrixTransform
     .type cublasLtMatrixTransform, @function
 cublasLtMatrixTransform:
-    jmp __chidori_cublaslt_cublasLtMatrixTransform@PLT
+    jmp __chidori_cublaslt_cublasLtMatrixTransform__cu135@PLT
     .size cublasLtMatrixTransform, .-cublasLtMatrixTransform
     .globl cublasLtMatrixTransformDescCreate
     .type cublasLtMatrixTransformDescCreate, @function
@@ -973,7 +1175,7 @@ cublasLtMatrixTransformDescSetAttribute:
     .globl cublasLtSSSMatmul
     .type cublasLtSSSMatmul, @function
 cublasLtSSSMatmul:
-    leaq .Lname93(%rip), %rdi
+    leaq .Lname117(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -981,7 +1183,7 @@ cublasLtSSSMatmul:
     .globl cublasLtSSSMatmulAlgoCapGetAttribute
     .type cublasLtSSSMatmulAlgoCapGetAttribute, @function
 cublasLtSSSMatmulAlgoCapGetAttribute:
-    leaq .Lname94(%rip), %rdi
+    leaq .Lname118(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -989,23 +1191,39 @@ cublasLtSSSMatmulAlgoCapGetAttribute:
     .globl cublasLtSSSMatmulAlgoCheck
     .type cublasLtSSSMatmulAlgoCheck, @function
 cublasLtSSSMatmulAlgoCheck:
-    leaq .Lname95(%rip), %rdi
+    leaq .Lname119(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cublasLtSSSMatmulAlgoCheck, .-cublasLtSSSMatmulAlgoCheck
+    .globl cublasLtSSSMatmulAlgoCheckForStream
+    .type cublasLtSSSMatmulAlgoCheckForStream, @function
+cublasLtSSSMatmulAlgoCheckForStream:
+    leaq .Lname120(%rip), %rdi
+    movq $15, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cublasLtSSSMatmulAlgoCheckForStream, .-cublasLtSSSMatmulAlgoCheckForStream
     .globl cublasLtSSSMatmulAlgoGetHeuristic
     .type cublasLtSSSMatmulAlgoGetHeuristic, @function
 cublasLtSSSMatmulAlgoGetHeuristic:
-    leaq .Lname96(%rip), %rdi
+    leaq .Lname121(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cublasLtSSSMatmulAlgoGetHeuristic, .-cublasLtSSSMatmulAlgoGetHeuristic
+    .globl cublasLtSSSMatmulAlgoGetHeuristicForStream
+    .type cublasLtSSSMatmulAlgoGetHeuristicForStream, @function
+cublasLtSSSMatmulAlgoGetHeuristicForStream:
+    leaq .Lname122(%rip), %rdi
+    movq $15, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cublasLtSSSMatmulAlgoGetHeuristicForStream, .-cublasLtSSSMatmulAlgoGetHeuristicForStream
     .globl cublasLtSSSMatmulAlgoGetIds
     .type cublasLtSSSMatmulAlgoGetIds, @function
 cublasLtSSSMatmulAlgoGetIds:
-    leaq .Lname97(%rip), %rdi
+    leaq .Lname123(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1013,7 +1231,7 @@ cublasLtSSSMatmulAlgoGetIds:
     .globl cublasLtSSSMatmulAlgoInit
     .type cublasLtSSSMatmulAlgoInit, @function
 cublasLtSSSMatmulAlgoInit:
-    leaq .Lname98(%rip), %rdi
+    leaq .Lname124(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1021,7 +1239,7 @@ cublasLtSSSMatmulAlgoInit:
     .globl cublasLtSetEnvironmentMode
     .type cublasLtSetEnvironmentMode, @function
 cublasLtSetEnvironmentMode:
-    leaq .Lname99(%rip), %rdi
+    leaq .Lname125(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1029,7 +1247,7 @@ cublasLtSetEnvironmentMode:
     .globl cublasLtShutdownCtx
     .type cublasLtShutdownCtx, @function
 cublasLtShutdownCtx:
-    leaq .Lname100(%rip), %rdi
+    leaq .Lname126(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1037,7 +1255,7 @@ cublasLtShutdownCtx:
     .globl cublasLtTSSMatmul
     .type cublasLtTSSMatmul, @function
 cublasLtTSSMatmul:
-    leaq .Lname101(%rip), %rdi
+    leaq .Lname127(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1045,7 +1263,7 @@ cublasLtTSSMatmul:
     .globl cublasLtTSSMatmulAlgoCapGetAttribute
     .type cublasLtTSSMatmulAlgoCapGetAttribute, @function
 cublasLtTSSMatmulAlgoCapGetAttribute:
-    leaq .Lname102(%rip), %rdi
+    leaq .Lname128(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1053,23 +1271,39 @@ cublasLtTSSMatmulAlgoCapGetAttribute:
     .globl cublasLtTSSMatmulAlgoCheck
     .type cublasLtTSSMatmulAlgoCheck, @function
 cublasLtTSSMatmulAlgoCheck:
-    leaq .Lname103(%rip), %rdi
+    leaq .Lname129(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cublasLtTSSMatmulAlgoCheck, .-cublasLtTSSMatmulAlgoCheck
+    .globl cublasLtTSSMatmulAlgoCheckForStream
+    .type cublasLtTSSMatmulAlgoCheckForStream, @function
+cublasLtTSSMatmulAlgoCheckForStream:
+    leaq .Lname130(%rip), %rdi
+    movq $15, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cublasLtTSSMatmulAlgoCheckForStream, .-cublasLtTSSMatmulAlgoCheckForStream
     .globl cublasLtTSSMatmulAlgoGetHeuristic
     .type cublasLtTSSMatmulAlgoGetHeuristic, @function
 cublasLtTSSMatmulAlgoGetHeuristic:
-    leaq .Lname104(%rip), %rdi
+    leaq .Lname131(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cublasLtTSSMatmulAlgoGetHeuristic, .-cublasLtTSSMatmulAlgoGetHeuristic
+    .globl cublasLtTSSMatmulAlgoGetHeuristicForStream
+    .type cublasLtTSSMatmulAlgoGetHeuristicForStream, @function
+cublasLtTSSMatmulAlgoGetHeuristicForStream:
+    leaq .Lname132(%rip), %rdi
+    movq $15, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cublasLtTSSMatmulAlgoGetHeuristicForStream, .-cublasLtTSSMatmulAlgoGetHeuristicForStream
     .globl cublasLtTSSMatmulAlgoGetIds
     .type cublasLtTSSMatmulAlgoGetIds, @function
 cublasLtTSSMatmulAlgoGetIds:
-    leaq .Lname105(%rip), %rdi
+    leaq .Lname133(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1077,7 +1311,7 @@ cublasLtTSSMatmulAlgoGetIds:
     .globl cublasLtTSSMatmulAlgoInit
     .type cublasLtTSSMatmulAlgoInit, @function
 cublasLtTSSMatmulAlgoInit:
-    leaq .Lname106(%rip), %rdi
+    leaq .Lname134(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1085,7 +1319,7 @@ cublasLtTSSMatmulAlgoInit:
     .globl cublasLtTSTMatmul
     .type cublasLtTSTMatmul, @function
 cublasLtTSTMatmul:
-    leaq .Lname107(%rip), %rdi
+    leaq .Lname135(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1093,7 +1327,7 @@ cublasLtTSTMatmul:
     .globl cublasLtTSTMatmulAlgoCapGetAttribute
     .type cublasLtTSTMatmulAlgoCapGetAttribute, @function
 cublasLtTSTMatmulAlgoCapGetAttribute:
-    leaq .Lname108(%rip), %rdi
+    leaq .Lname136(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1101,23 +1335,39 @@ cublasLtTSTMatmulAlgoCapGetAttribute:
     .globl cublasLtTSTMatmulAlgoCheck
     .type cublasLtTSTMatmulAlgoCheck, @function
 cublasLtTSTMatmulAlgoCheck:
-    leaq .Lname109(%rip), %rdi
+    leaq .Lname137(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cublasLtTSTMatmulAlgoCheck, .-cublasLtTSTMatmulAlgoCheck
+    .globl cublasLtTSTMatmulAlgoCheckForStream
+    .type cublasLtTSTMatmulAlgoCheckForStream, @function
+cublasLtTSTMatmulAlgoCheckForStream:
+    leaq .Lname138(%rip), %rdi
+    movq $15, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cublasLtTSTMatmulAlgoCheckForStream, .-cublasLtTSTMatmulAlgoCheckForStream
     .globl cublasLtTSTMatmulAlgoGetHeuristic
     .type cublasLtTSTMatmulAlgoGetHeuristic, @function
 cublasLtTSTMatmulAlgoGetHeuristic:
-    leaq .Lname110(%rip), %rdi
+    leaq .Lname139(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cublasLtTSTMatmulAlgoGetHeuristic, .-cublasLtTSTMatmulAlgoGetHeuristic
+    .globl cublasLtTSTMatmulAlgoGetHeuristicForStream
+    .type cublasLtTSTMatmulAlgoGetHeuristicForStream, @function
+cublasLtTSTMatmulAlgoGetHeuristicForStream:
+    leaq .Lname140(%rip), %rdi
+    movq $15, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cublasLtTSTMatmulAlgoGetHeuristicForStream, .-cublasLtTSTMatmulAlgoGetHeuristicForStream
     .globl cublasLtTSTMatmulAlgoGetIds
     .type cublasLtTSTMatmulAlgoGetIds, @function
 cublasLtTSTMatmulAlgoGetIds:
-    leaq .Lname111(%rip), %rdi
+    leaq .Lname141(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1125,7 +1375,7 @@ cublasLtTSTMatmulAlgoGetIds:
     .globl cublasLtTSTMatmulAlgoInit
     .type cublasLtTSTMatmulAlgoInit, @function
 cublasLtTSTMatmulAlgoInit:
-    leaq .Lname112(%rip), %rdi
+    leaq .Lname142(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1133,7 +1383,7 @@ cublasLtTSTMatmulAlgoInit:
     .globl cublasLtVCCMatmul
     .type cublasLtVCCMatmul, @function
 cublasLtVCCMatmul:
-    leaq .Lname113(%rip), %rdi
+    leaq .Lname143(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1141,7 +1391,7 @@ cublasLtVCCMatmul:
     .globl cublasLtVCCMatmulAlgoCapGetAttribute
     .type cublasLtVCCMatmulAlgoCapGetAttribute, @function
 cublasLtVCCMatmulAlgoCapGetAttribute:
-    leaq .Lname114(%rip), %rdi
+    leaq .Lname144(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1149,23 +1399,39 @@ cublasLtVCCMatmulAlgoCapGetAttribute:
     .globl cublasLtVCCMatmulAlgoCheck
     .type cublasLtVCCMatmulAlgoCheck, @function
 cublasLtVCCMatmulAlgoCheck:
-    leaq .Lname115(%rip), %rdi
+    leaq .Lname145(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cublasLtVCCMatmulAlgoCheck, .-cublasLtVCCMatmulAlgoCheck
+    .globl cublasLtVCCMatmulAlgoCheckForStream
+    .type cublasLtVCCMatmulAlgoCheckForStream, @function
+cublasLtVCCMatmulAlgoCheckForStream:
+    leaq .Lname146(%rip), %rdi
+    movq $15, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cublasLtVCCMatmulAlgoCheckForStream, .-cublasLtVCCMatmulAlgoCheckForStream
     .globl cublasLtVCCMatmulAlgoGetHeuristic
     .type cublasLtVCCMatmulAlgoGetHeuristic, @function
 cublasLtVCCMatmulAlgoGetHeuristic:
-    leaq .Lname116(%rip), %rdi
+    leaq .Lname147(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cublasLtVCCMatmulAlgoGetHeuristic, .-cublasLtVCCMatmulAlgoGetHeuristic
+    .globl cublasLtVCCMatmulAlgoGetHeuristicForStream
+    .type cublasLtVCCMatmulAlgoGetHeuristicForStream, @function
+cublasLtVCCMatmulAlgoGetHeuristicForStream:
+    leaq .Lname148(%rip), %rdi
+    movq $15, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cublasLtVCCMatmulAlgoGetHeuristicForStream, .-cublasLtVCCMatmulAlgoGetHeuristicForStream
     .globl cublasLtVCCMatmulAlgoGetIds
     .type cublasLtVCCMatmulAlgoGetIds, @function
 cublasLtVCCMatmulAlgoGetIds:
-    leaq .Lname117(%rip), %rdi
+    leaq .Lname149(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1173,7 +1439,7 @@ cublasLtVCCMatmulAlgoGetIds:
     .globl cublasLtVCCMatmulAlgoInit
     .type cublasLtVCCMatmulAlgoInit, @function
 cublasLtVCCMatmulAlgoInit:
-    leaq .Lname118(%rip), %rdi
+    leaq .Lname150(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1181,7 +1447,7 @@ cublasLtVCCMatmulAlgoInit:
     .globl cublasLtVCVMatmul
     .type cublasLtVCVMatmul, @function
 cublasLtVCVMatmul:
-    leaq .Lname119(%rip), %rdi
+    leaq .Lname151(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1189,7 +1455,7 @@ cublasLtVCVMatmul:
     .globl cublasLtVCVMatmulAlgoCapGetAttribute
     .type cublasLtVCVMatmulAlgoCapGetAttribute, @function
 cublasLtVCVMatmulAlgoCapGetAttribute:
-    leaq .Lname120(%rip), %rdi
+    leaq .Lname152(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1197,23 +1463,39 @@ cublasLtVCVMatmulAlgoCapGetAttribute:
     .globl cublasLtVCVMatmulAlgoCheck
     .type cublasLtVCVMatmulAlgoCheck, @function
 cublasLtVCVMatmulAlgoCheck:
-    leaq .Lname121(%rip), %rdi
+    leaq .Lname153(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cublasLtVCVMatmulAlgoCheck, .-cublasLtVCVMatmulAlgoCheck
+    .globl cublasLtVCVMatmulAlgoCheckForStream
+    .type cublasLtVCVMatmulAlgoCheckForStream, @function
+cublasLtVCVMatmulAlgoCheckForStream:
+    leaq .Lname154(%rip), %rdi
+    movq $15, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cublasLtVCVMatmulAlgoCheckForStream, .-cublasLtVCVMatmulAlgoCheckForStream
     .globl cublasLtVCVMatmulAlgoGetHeuristic
     .type cublasLtVCVMatmulAlgoGetHeuristic, @function
 cublasLtVCVMatmulAlgoGetHeuristic:
-    leaq .Lname122(%rip), %rdi
+    leaq .Lname155(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cublasLtVCVMatmulAlgoGetHeuristic, .-cublasLtVCVMatmulAlgoGetHeuristic
+    .globl cublasLtVCVMatmulAlgoGetHeuristicForStream
+    .type cublasLtVCVMatmulAlgoGetHeuristicForStream, @function
+cublasLtVCVMatmulAlgoGetHeuristicForStream:
+    leaq .Lname156(%rip), %rdi
+    movq $15, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cublasLtVCVMatmulAlgoGetHeuristicForStream, .-cublasLtVCVMatmulAlgoGetHeuristicForStream
     .globl cublasLtVCVMatmulAlgoGetIds
     .type cublasLtVCVMatmulAlgoGetIds, @function
 cublasLtVCVMatmulAlgoGetIds:
-    leaq .Lname123(%rip), %rdi
+    leaq .Lname157(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1221,7 +1503,7 @@ cublasLtVCVMatmulAlgoGetIds:
     .globl cublasLtVCVMatmulAlgoInit
     .type cublasLtVCVMatmulAlgoInit, @function
 cublasLtVCVMatmulAlgoInit:
-    leaq .Lname124(%rip), %rdi
+    leaq .Lname158(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1229,7 +1511,7 @@ cublasLtVCVMatmulAlgoInit:
     .globl cublasLtZZZMatmul
     .type cublasLtZZZMatmul, @function
 cublasLtZZZMatmul:
-    leaq .Lname125(%rip), %rdi
+    leaq .Lname159(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1237,7 +1519,7 @@ cublasLtZZZMatmul:
     .globl cublasLtZZZMatmulAlgoCapGetAttribute
     .type cublasLtZZZMatmulAlgoCapGetAttribute, @function
 cublasLtZZZMatmulAlgoCapGetAttribute:
-    leaq .Lname126(%rip), %rdi
+    leaq .Lname160(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1245,23 +1527,39 @@ cublasLtZZZMatmulAlgoCapGetAttribute:
     .globl cublasLtZZZMatmulAlgoCheck
     .type cublasLtZZZMatmulAlgoCheck, @function
 cublasLtZZZMatmulAlgoCheck:
-    leaq .Lname127(%rip), %rdi
+    leaq .Lname161(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cublasLtZZZMatmulAlgoCheck, .-cublasLtZZZMatmulAlgoCheck
+    .globl cublasLtZZZMatmulAlgoCheckForStream
+    .type cublasLtZZZMatmulAlgoCheckForStream, @function
+cublasLtZZZMatmulAlgoCheckForStream:
+    leaq .Lname162(%rip), %rdi
+    movq $15, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cublasLtZZZMatmulAlgoCheckForStream, .-cublasLtZZZMatmulAlgoCheckForStream
     .globl cublasLtZZZMatmulAlgoGetHeuristic
     .type cublasLtZZZMatmulAlgoGetHeuristic, @function
 cublasLtZZZMatmulAlgoGetHeuristic:
-    leaq .Lname128(%rip), %rdi
+    leaq .Lname163(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cublasLtZZZMatmulAlgoGetHeuristic, .-cublasLtZZZMatmulAlgoGetHeuristic
+    .globl cublasLtZZZMatmulAlgoGetHeuristicForStream
+    .type cublasLtZZZMatmulAlgoGetHeuristicForStream, @function
+cublasLtZZZMatmulAlgoGetHeuristicForStream:
+    leaq .Lname164(%rip), %rdi
+    movq $15, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cublasLtZZZMatmulAlgoGetHeuristicForStream, .-cublasLtZZZMatmulAlgoGetHeuristicForStream
     .globl cublasLtZZZMatmulAlgoGetIds
     .type cublasLtZZZMatmulAlgoGetIds, @function
 cublasLtZZZMatmulAlgoGetIds:
-    leaq .Lname129(%rip), %rdi
+    leaq .Lname165(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1269,7 +1567,7 @@ cublasLtZZZMatmulAlgoGetIds:
     .globl cublasLtZZZMatmulAlgoInit
     .type cublasLtZZZMatmulAlgoInit, @function
 cublasLtZZZMatmulAlgoInit:
-    leaq .Lname130(%rip), %rdi
+    leaq .Lname166(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1277,7 +1575,7 @@ cublasLtZZZMatmulAlgoInit:
     .globl cublasLt_for_cublas_BII
     .type cublasLt_for_cublas_BII, @function
 cublasLt_for_cublas_BII:
-    leaq .Lname131(%rip), %rdi
+    leaq .Lname167(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1285,7 +1583,7 @@ cublasLt_for_cublas_BII:
     .globl cublasLt_for_cublas_BSS
     .type cublasLt_for_cublas_BSS, @function
 cublasLt_for_cublas_BSS:
-    leaq .Lname132(%rip), %rdi
+    leaq .Lname168(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1293,7 +1591,7 @@ cublasLt_for_cublas_BSS:
     .globl cublasLt_for_cublas_DDD
     .type cublasLt_for_cublas_DDD, @function
 cublasLt_for_cublas_DDD:
-    leaq .Lname133(%rip), %rdi
+    leaq .Lname169(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1301,7 +1599,7 @@ cublasLt_for_cublas_DDD:
     .globl cublasLt_for_cublas_HHH
     .type cublasLt_for_cublas_HHH, @function
 cublasLt_for_cublas_HHH:
-    leaq .Lname134(%rip), %rdi
+    leaq .Lname170(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1309,7 +1607,7 @@ cublasLt_for_cublas_HHH:
     .globl cublasLt_for_cublas_HSH
     .type cublasLt_for_cublas_HSH, @function
 cublasLt_for_cublas_HSH:
-    leaq .Lname135(%rip), %rdi
+    leaq .Lname171(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1317,7 +1615,7 @@ cublasLt_for_cublas_HSH:
     .globl cublasLt_for_cublas_HSS
     .type cublasLt_for_cublas_HSS, @function
 cublasLt_for_cublas_HSS:
-    leaq .Lname136(%rip), %rdi
+    leaq .Lname172(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1325,7 +1623,7 @@ cublasLt_for_cublas_HSS:
     .globl cublasLt_for_cublas_SSS
     .type cublasLt_for_cublas_SSS, @function
 cublasLt_for_cublas_SSS:
-    leaq .Lname137(%rip), %rdi
+    leaq .Lname173(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1333,7 +1631,7 @@ cublasLt_for_cublas_SSS:
     .globl cublasLt_for_cublas_TSS
     .type cublasLt_for_cublas_TSS, @function
 cublasLt_for_cublas_TSS:
-    leaq .Lname138(%rip), %rdi
+    leaq .Lname174(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1341,7 +1639,7 @@ cublasLt_for_cublas_TSS:
     .globl cublasLt_for_cublas_TST
     .type cublasLt_for_cublas_TST, @function
 cublasLt_for_cublas_TST:
-    leaq .Lname139(%rip), %rdi
+    leaq .Lname175(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1354,277 +1652,349 @@ cublasLt_for_cublas_TST:
 .Lname2:
     .asciz "cublasLtACCMatmulAlgoCheck"
 .Lname3:
-    .asciz "cublasLtACCMatmulAlgoGetHeuristic"
+    .asciz "cublasLtACCMatmulAlgoCheckForStream"
 .Lname4:
-    .asciz "cublasLtACCMatmulAlgoGetIds"
+    .asciz "cublasLtACCMatmulAlgoGetHeuristic"
 .Lname5:
-    .asciz "cublasLtACCMatmulAlgoInit"
+    .asciz "cublasLtACCMatmulAlgoGetHeuristicForStream"
 .Lname6:
-    .asciz "cublasLtAlgoCharacteristicGetAttribute"
+    .asciz "cublasLtACCMatmulAlgoGetIds"
 .Lname7:
-    .asciz "cublasLtBIIMatmul"
+    .asciz "cublasLtACCMatmulAlgoInit"
 .Lname8:
-    .asciz "cublasLtBIIMatmulAlgoCapGetAttribute"
+    .asciz "cublasLtAlgoCharacteristicGetAttribute"
 .Lname9:
-    .asciz "cublasLtBIIMatmulAlgoCheck"
+    .asciz "cublasLtBIIMatmul"
 .Lname10:
-    .asciz "cublasLtBIIMatmulAlgoGetHeuristic"
+    .asciz "cublasLtBIIMatmulAlgoCapGetAttribute"
 .Lname11:
-    .asciz "cublasLtBIIMatmulAlgoGetIds"
+    .asciz "cublasLtBIIMatmulAlgoCheck"
 .Lname12:
-    .asciz "cublasLtBIIMatmulAlgoInit"
+    .asciz "cublasLtBIIMatmulAlgoCheckForStream"
 .Lname13:
-    .asciz "cublasLtBSBMatmul"
+    .asciz "cublasLtBIIMatmulAlgoGetHeuristic"
 .Lname14:
-    .asciz "cublasLtBSBMatmulAlgoCapGetAttribute"
+    .asciz "cublasLtBIIMatmulAlgoGetHeuristicForStream"
 .Lname15:
-    .asciz "cublasLtBSBMatmulAlgoCheck"
+    .asciz "cublasLtBIIMatmulAlgoGetIds"
 .Lname16:
-    .asciz "cublasLtBSBMatmulAlgoGetHeuristic"
+    .asciz "cublasLtBIIMatmulAlgoInit"
 .Lname17:
-    .asciz "cublasLtBSBMatmulAlgoGetIds"
+    .asciz "cublasLtBSBMatmul"
 .Lname18:
-    .asciz "cublasLtBSBMatmulAlgoInit"
+    .asciz "cublasLtBSBMatmulAlgoCapGetAttribute"
 .Lname19:
-    .asciz "cublasLtBSSMatmul"
+    .asciz "cublasLtBSBMatmulAlgoCheck"
 .Lname20:
-    .asciz "cublasLtBSSMatmulAlgoCapGetAttribute"
+    .asciz "cublasLtBSBMatmulAlgoCheckForStream"
 .Lname21:
-    .asciz "cublasLtBSSMatmulAlgoCheck"
+    .asciz "cublasLtBSBMatmulAlgoGetHeuristic"
 .Lname22:
-    .asciz "cublasLtBSSMatmulAlgoGetHeuristic"
+    .asciz "cublasLtBSBMatmulAlgoGetHeuristicForStream"
 .Lname23:
-    .asciz "cublasLtBSSMatmulAlgoGetIds"
+    .asciz "cublasLtBSBMatmulAlgoGetIds"
 .Lname24:
-    .asciz "cublasLtBSSMatmulAlgoInit"
+    .asciz "cublasLtBSBMatmulAlgoInit"
 .Lname25:
-    .asciz "cublasLtCCCMatmul"
+    .asciz "cublasLtBSSMatmul"
 .Lname26:
-    .asciz "cublasLtCCCMatmulAlgoCapGetAttribute"
+    .asciz "cublasLtBSSMatmulAlgoCapGetAttribute"
 .Lname27:
-    .asciz "cublasLtCCCMatmulAlgoCheck"
+    .asciz "cublasLtBSSMatmulAlgoCheck"
 .Lname28:
-    .asciz "cublasLtCCCMatmulAlgoGetHeuristic"
+    .asciz "cublasLtBSSMatmulAlgoCheckForStream"
 .Lname29:
-    .asciz "cublasLtCCCMatmulAlgoGetIds"
+    .asciz "cublasLtBSSMatmulAlgoGetHeuristic"
 .Lname30:
-    .asciz "cublasLtCCCMatmulAlgoInit"
+    .asciz "cublasLtBSSMatmulAlgoGetHeuristicForStream"
 .Lname31:
-    .asciz "cublasLtClearNvjetCache"
+    .asciz "cublasLtBSSMatmulAlgoGetIds"
 .Lname32:
-    .asciz "cublasLtCtxInit"
+    .asciz "cublasLtBSSMatmulAlgoInit"
 .Lname33:
-    .asciz "cublasLtDDDMatmul"
+    .asciz "cublasLtCCCMatmul"
 .Lname34:
-    .asciz "cublasLtDDDMatmulAlgoCapGetAttribute"
+    .asciz "cublasLtCCCMatmulAlgoCapGetAttribute"
 .Lname35:
-    .asciz "cublasLtDDDMatmulAlgoCheck"
+    .asciz "cublasLtCCCMatmulAlgoCheck"
 .Lname36:
-    .asciz "cublasLtDDDMatmulAlgoGetHeuristic"
+    .asciz "cublasLtCCCMatmulAlgoCheckForStream"
 .Lname37:
-    .asciz "cublasLtDDDMatmulAlgoGetIds"
+    .asciz "cublasLtCCCMatmulAlgoGetHeuristic"
 .Lname38:
-    .asciz "cublasLtDDDMatmulAlgoInit"
+    .asciz "cublasLtCCCMatmulAlgoGetHeuristicForStream"
 .Lname39:
-    .asciz "cublasLtEmulationDescGetAttribute"
+    .asciz "cublasLtCCCMatmulAlgoGetIds"
 .Lname40:
-    .asciz "cublasLtEmulationDescSetAttribute"
+    .asciz "cublasLtCCCMatmulAlgoInit"
 .Lname41:
-    .asciz "cublasLtGetEnvironmentMode"
+    .asciz "cublasLtClearNvjetCache"
 .Lname42:
-    .asciz "cublasLtHHHMatmul"
+    .asciz "cublasLtCtxInit"
 .Lname43:
-    .asciz "cublasLtHHHMatmulAlgoCapGetAttribute"
+    .asciz "cublasLtDDDMatmul"
 .Lname44:
-    .asciz "cublasLtHHHMatmulAlgoCheck"
+    .asciz "cublasLtDDDMatmulAlgoCapGetAttribute"
 .Lname45:
-    .asciz "cublasLtHHHMatmulAlgoGetHeuristic"
+    .asciz "cublasLtDDDMatmulAlgoCheck"
 .Lname46:
-    .asciz "cublasLtHHHMatmulAlgoGetIds"
+    .asciz "cublasLtDDDMatmulAlgoCheckForStream"
 .Lname47:
-    .asciz "cublasLtHHHMatmulAlgoInit"
+    .asciz "cublasLtDDDMatmulAlgoGetHeuristic"
 .Lname48:
-    .asciz "cublasLtHSHMatmul"
+    .asciz "cublasLtDDDMatmulAlgoGetHeuristicForStream"
 .Lname49:
-    .asciz "cublasLtHSHMatmulAlgoCapGetAttribute"
+    .asciz "cublasLtDDDMatmulAlgoGetIds"
 .Lname50:
-    .asciz "cublasLtHSHMatmulAlgoCheck"
+    .asciz "cublasLtDDDMatmulAlgoInit"
 .Lname51:
-    .asciz "cublasLtHSHMatmulAlgoGetHeuristic"
+    .asciz "cublasLtEmulationDescGetAttribute"
 .Lname52:
-    .asciz "cublasLtHSHMatmulAlgoGetIds"
+    .asciz "cublasLtEmulationDescSetAttribute"
 .Lname53:
-    .asciz "cublasLtHSHMatmulAlgoInit"
+    .asciz "cublasLtGetEnvironmentMode"
 .Lname54:
-    .asciz "cublasLtHSSMatmul"
+    .asciz "cublasLtGroupedMatrixLayoutCreate"
 .Lname55:
-    .asciz "cublasLtHSSMatmulAlgoCapGetAttribute"
+    .asciz "cublasLtGroupedMatrixLayoutInit_internal"
 .Lname56:
-    .asciz "cublasLtHSSMatmulAlgoCheck"
+    .asciz "cublasLtHHHMatmul"
 .Lname57:
-    .asciz "cublasLtHSSMatmulAlgoGetHeuristic"
+    .asciz "cublasLtHHHMatmulAlgoCapGetAttribute"
 .Lname58:
-    .asciz "cublasLtHSSMatmulAlgoGetIds"
+    .asciz "cublasLtHHHMatmulAlgoCheck"
 .Lname59:
-    .asciz "cublasLtHSSMatmulAlgoInit"
+    .asciz "cublasLtHHHMatmulAlgoCheckForStream"
 .Lname60:
-    .asciz "cublasLtHeuristicLutSerializeEntry"
+    .asciz "cublasLtHHHMatmulAlgoGetHeuristic"
 .Lname61:
-    .asciz "cublasLtHeuristicsCacheCreate"
+    .asciz "cublasLtHHHMatmulAlgoGetHeuristicForStream"
 .Lname62:
-    .asciz "cublasLtHeuristicsCacheDestroy"
+    .asciz "cublasLtHHHMatmulAlgoGetIds"
 .Lname63:
-    .asciz "cublasLtHeuristicsCacheGet"
+    .asciz "cublasLtHHHMatmulAlgoInit"
 .Lname64:
-    .asciz "cublasLtHeuristicsCachePut"
+    .asciz "cublasLtHSHMatmul"
 .Lname65:
-    .asciz "cublasLtKCCMatmul"
+    .asciz "cublasLtHSHMatmulAlgoCapGetAttribute"
 .Lname66:
-    .asciz "cublasLtKCCMatmulAlgoCapGetAttribute"
+    .asciz "cublasLtHSHMatmulAlgoCheck"
 .Lname67:
-    .asciz "cublasLtKCCMatmulAlgoCheck"
+    .asciz "cublasLtHSHMatmulAlgoCheckForStream"
 .Lname68:
-    .asciz "cublasLtKCCMatmulAlgoGetHeuristic"
+    .asciz "cublasLtHSHMatmulAlgoGetHeuristic"
 .Lname69:
-    .asciz "cublasLtKCCMatmulAlgoGetIds"
+    .asciz "cublasLtHSHMatmulAlgoGetHeuristicForStream"
 .Lname70:
-    .asciz "cublasLtKCCMatmulAlgoInit"
+    .asciz "cublasLtHSHMatmulAlgoGetIds"
 .Lname71:
-    .asciz "cublasLtKCKMatmul"
+    .asciz "cublasLtHSHMatmulAlgoInit"
 .Lname72:
-    .asciz "cublasLtKCKMatmulAlgoCapGetAttribute"
+    .asciz "cublasLtHSSMatmul"
 .Lname73:
-    .asciz "cublasLtKCKMatmulAlgoCheck"
+    .asciz "cublasLtHSSMatmulAlgoCapGetAttribute"
 .Lname74:
-    .asciz "cublasLtKCKMatmulAlgoGetHeuristic"
+    .asciz "cublasLtHSSMatmulAlgoCheck"
 .Lname75:
-    .asciz "cublasLtKCKMatmulAlgoGetIds"
+    .asciz "cublasLtHSSMatmulAlgoCheckForStream"
 .Lname76:
-    .asciz "cublasLtKCKMatmulAlgoInit"
+    .asciz "cublasLtHSSMatmulAlgoGetHeuristic"
 .Lname77:
-    .asciz "cublasLtLegacyGemmACC"
+    .asciz "cublasLtHSSMatmulAlgoGetHeuristicForStream"
 .Lname78:
-    .asciz "cublasLtLegacyGemmBII"
+    .asciz "cublasLtHSSMatmulAlgoGetIds"
 .Lname79:
-    .asciz "cublasLtLegacyGemmBSS"
+    .asciz "cublasLtHSSMatmulAlgoInit"
 .Lname80:
-    .asciz "cublasLtLegacyGemmCCC"
+    .asciz "cublasLtHeuristicLutSerializeEntry"
 .Lname81:
-    .asciz "cublasLtLegacyGemmDDD"
+    .asciz "cublasLtHeuristicsCacheCreate"
 .Lname82:
-    .asciz "cublasLtLegacyGemmHHH"
+    .asciz "cublasLtHeuristicsCacheDestroy"
 .Lname83:
-    .asciz "cublasLtLegacyGemmHSH"
+    .asciz "cublasLtHeuristicsCacheGet"
 .Lname84:
-    .asciz "cublasLtLegacyGemmHSS"
+    .asciz "cublasLtHeuristicsCachePut"
 .Lname85:
-    .asciz "cublasLtLegacyGemmSSS"
+    .asciz "cublasLtKCCMatmul"
 .Lname86:
-    .asciz "cublasLtLegacyGemmTSS"
+    .asciz "cublasLtKCCMatmulAlgoCapGetAttribute"
 .Lname87:
-    .asciz "cublasLtLegacyGemmTST"
+    .asciz "cublasLtKCCMatmulAlgoCheck"
 .Lname88:
-    .asciz "cublasLtLegacyGemmZZZ"
+    .asciz "cublasLtKCCMatmulAlgoCheckForStream"
 .Lname89:
-    .asciz "cublasLtLoggerOpenFile"
+    .asciz "cublasLtKCCMatmulAlgoGetHeuristic"
 .Lname90:
-    .asciz "cublasLtLoggerSetCallback"
+    .asciz "cublasLtKCCMatmulAlgoGetHeuristicForStream"
 .Lname91:
-    .asciz "cublasLtLoggerSetFile"
+    .asciz "cublasLtKCCMatmulAlgoGetIds"
 .Lname92:
-    .asciz "cublasLtMatmulAlgoConfigGetAttributeRange"
+    .asciz "cublasLtKCCMatmulAlgoInit"
 .Lname93:
-    .asciz "cublasLtSSSMatmul"
+    .asciz "cublasLtKCKMatmul"
 .Lname94:
-    .asciz "cublasLtSSSMatmulAlgoCapGetAttribute"
+    .asciz "cublasLtKCKMatmulAlgoCapGetAttribute"
 .Lname95:
-    .asciz "cublasLtSSSMatmulAlgoCheck"
+    .asciz "cublasLtKCKMatmulAlgoCheck"
 .Lname96:
-    .asciz "cublasLtSSSMatmulAlgoGetHeuristic"
+    .asciz "cublasLtKCKMatmulAlgoCheckForStream"
 .Lname97:
-    .asciz "cublasLtSSSMatmulAlgoGetIds"
+    .asciz "cublasLtKCKMatmulAlgoGetHeuristic"
 .Lname98:
-    .asciz "cublasLtSSSMatmulAlgoInit"
+    .asciz "cublasLtKCKMatmulAlgoGetHeuristicForStream"
 .Lname99:
-    .asciz "cublasLtSetEnvironmentMode"
+    .asciz "cublasLtKCKMatmulAlgoGetIds"
 .Lname100:
-    .asciz "cublasLtShutdownCtx"
+    .asciz "cublasLtKCKMatmulAlgoInit"
 .Lname101:
-    .asciz "cublasLtTSSMatmul"
+    .asciz "cublasLtLegacyGemmACC"
 .Lname102:
-    .asciz "cublasLtTSSMatmulAlgoCapGetAttribute"
+    .asciz "cublasLtLegacyGemmBII"
 .Lname103:
-    .asciz "cublasLtTSSMatmulAlgoCheck"
+    .asciz "cublasLtLegacyGemmBSS"
 .Lname104:
-    .asciz "cublasLtTSSMatmulAlgoGetHeuristic"
+    .asciz "cublasLtLegacyGemmCCC"
 .Lname105:
-    .asciz "cublasLtTSSMatmulAlgoGetIds"
+    .asciz "cublasLtLegacyGemmDDD"
 .Lname106:
-    .asciz "cublasLtTSSMatmulAlgoInit"
+    .asciz "cublasLtLegacyGemmHHH"
 .Lname107:
-    .asciz "cublasLtTSTMatmul"
+    .asciz "cublasLtLegacyGemmHSH"
 .Lname108:
-    .asciz "cublasLtTSTMatmulAlgoCapGetAttribute"
+    .asciz "cublasLtLegacyGemmHSS"
 .Lname109:
-    .asciz "cublasLtTSTMatmulAlgoCheck"
+    .asciz "cublasLtLegacyGemmSSS"
 .Lname110:
-    .asciz "cublasLtTSTMatmulAlgoGetHeuristic"
+    .asciz "cublasLtLegacyGemmTSS"
 .Lname111:
-    .asciz "cublasLtTSTMatmulAlgoGetIds"
+    .asciz "cublasLtLegacyGemmTST"
 .Lname112:
-    .asciz "cublasLtTSTMatmulAlgoInit"
+    .asciz "cublasLtLegacyGemmZZZ"
 .Lname113:
-    .asciz "cublasLtVCCMatmul"
+    .asciz "cublasLtLoggerOpenFile"
 .Lname114:
-    .asciz "cublasLtVCCMatmulAlgoCapGetAttribute"
+    .asciz "cublasLtLoggerSetCallback"
 .Lname115:
-    .asciz "cublasLtVCCMatmulAlgoCheck"
+    .asciz "cublasLtLoggerSetFile"
 .Lname116:
-    .asciz "cublasLtVCCMatmulAlgoGetHeuristic"
+    .asciz "cublasLtMatmulAlgoConfigGetAttributeRange"
 .Lname117:
-    .asciz "cublasLtVCCMatmulAlgoGetIds"
+    .asciz "cublasLtSSSMatmul"
 .Lname118:
-    .asciz "cublasLtVCCMatmulAlgoInit"
+    .asciz "cublasLtSSSMatmulAlgoCapGetAttribute"
 .Lname119:
-    .asciz "cublasLtVCVMatmul"
+    .asciz "cublasLtSSSMatmulAlgoCheck"
 .Lname120:
-    .asciz "cublasLtVCVMatmulAlgoCapGetAttribute"
+    .asciz "cublasLtSSSMatmulAlgoCheckForStream"
 .Lname121:
-    .asciz "cublasLtVCVMatmulAlgoCheck"
+    .asciz "cublasLtSSSMatmulAlgoGetHeuristic"
 .Lname122:
-    .asciz "cublasLtVCVMatmulAlgoGetHeuristic"
+    .asciz "cublasLtSSSMatmulAlgoGetHeuristicForStream"
 .Lname123:
-    .asciz "cublasLtVCVMatmulAlgoGetIds"
+    .asciz "cublasLtSSSMatmulAlgoGetIds"
 .Lname124:
-    .asciz "cublasLtVCVMatmulAlgoInit"
+    .asciz "cublasLtSSSMatmulAlgoInit"
 .Lname125:
-    .asciz "cublasLtZZZMatmul"
+    .asciz "cublasLtSetEnvironmentMode"
 .Lname126:
-    .asciz "cublasLtZZZMatmulAlgoCapGetAttribute"
+    .asciz "cublasLtShutdownCtx"
 .Lname127:
-    .asciz "cublasLtZZZMatmulAlgoCheck"
+    .asciz "cublasLtTSSMatmul"
 .Lname128:
-    .asciz "cublasLtZZZMatmulAlgoGetHeuristic"
+    .asciz "cublasLtTSSMatmulAlgoCapGetAttribute"
 .Lname129:
-    .asciz "cublasLtZZZMatmulAlgoGetIds"
+    .asciz "cublasLtTSSMatmulAlgoCheck"
 .Lname130:
-    .asciz "cublasLtZZZMatmulAlgoInit"
+    .asciz "cublasLtTSSMatmulAlgoCheckForStream"
 .Lname131:
-    .asciz "cublasLt_for_cublas_BII"
+    .asciz "cublasLtTSSMatmulAlgoGetHeuristic"
 .Lname132:
-    .asciz "cublasLt_for_cublas_BSS"
+    .asciz "cublasLtTSSMatmulAlgoGetHeuristicForStream"
 .Lname133:
-    .asciz "cublasLt_for_cublas_DDD"
+    .asciz "cublasLtTSSMatmulAlgoGetIds"
 .Lname134:
-    .asciz "cublasLt_for_cublas_HHH"
+    .asciz "cublasLtTSSMatmulAlgoInit"
 .Lname135:
-    .asciz "cublasLt_for_cublas_HSH"
+    .asciz "cublasLtTSTMatmul"
 .Lname136:
-    .asciz "cublasLt_for_cublas_HSS"
+    .asciz "cublasLtTSTMatmulAlgoCapGetAttribute"
 .Lname137:
-    .asciz "cublasLt_for_cublas_SSS"
+    .asciz "cublasLtTSTMatmulAlgoCheck"
 .Lname138:
-    .asciz "cublasLt_for_cublas_TSS"
+    .asciz "cublasLtTSTMatmulAlgoCheckForStream"
 .Lname139:
+    .asciz "cublasLtTSTMatmulAlgoGetHeuristic"
+.Lname140:
+    .asciz "cublasLtTSTMatmulAlgoGetHeuristicForStream"
+.Lname141:
+    .asciz "cublasLtTSTMatmulAlgoGetIds"
+.Lname142:
+    .asciz "cublasLtTSTMatmulAlgoInit"
+.Lname143:
+    .asciz "cublasLtVCCMatmul"
+.Lname144:
+    .asciz "cublasLtVCCMatmulAlgoCapGetAttribute"
+.Lname145:
+    .asciz "cublasLtVCCMatmulAlgoCheck"
+.Lname146:
+    .asciz "cublasLtVCCMatmulAlgoCheckForStream"
+.Lname147:
+    .asciz "cublasLtVCCMatmulAlgoGetHeuristic"
+.Lname148:
+    .asciz "cublasLtVCCMatmulAlgoGetHeuristicForStream"
+.Lname149:
+    .asciz "cublasLtVCCMatmulAlgoGetIds"
+.Lname150:
+    .asciz "cublasLtVCCMatmulAlgoInit"
+.Lname151:
+    .asciz "cublasLtVCVMatmul"
+.Lname152:
+    .asciz "cublasLtVCVMatmulAlgoCapGetAttribute"
+.Lname153:
+    .asciz "cublasLtVCVMatmulAlgoCheck"
+.Lname154:
+    .asciz "cublasLtVCVMatmulAlgoCheckForStream"
+.Lname155:
+    .asciz "cublasLtVCVMatmulAlgoGetHeuristic"
+.Lname156:
+    .asciz "cublasLtVCVMatmulAlgoGetHeuristicForStream"
+.Lname157:
+    .asciz "cublasLtVCVMatmulAlgoGetIds"
+.Lname158:
+    .asciz "cublasLtVCVMatmulAlgoInit"
+.Lname159:
+    .asciz "cublasLtZZZMatmul"
+.Lname160:
+    .asciz "cublasLtZZZMatmulAlgoCapGetAttribute"
+.Lname161:
+    .asciz "cublasLtZZZMatmulAlgoCheck"
+.Lname162:
+    .asciz "cublasLtZZZMatmulAlgoCheckForStream"
+.Lname163:
+    .asciz "cublasLtZZZMatmulAlgoGetHeuristic"
+.Lname164:
+    .asciz "cublasLtZZZMatmulAlgoGetHeuristicForStream"
+.Lname165:
+    .asciz "cublasLtZZZMatmulAlgoGetIds"
+.Lname166:
+    .asciz "cublasLtZZZMatmulAlgoInit"
+.Lname167:
+    .asciz "cublasLt_for_cublas_BII"
+.Lname168:
+    .asciz "cublasLt_for_cublas_BSS"
+.Lname169:
+    .asciz "cublasLt_for_cublas_DDD"
+.Lname170:
+    .asciz "cublasLt_for_cublas_HHH"
+.Lname171:
+    .asciz "cublasLt_for_cublas_HSH"
+.Lname172:
+    .asciz "cublasLt_for_cublas_HSS"
+.Lname173:
+    .asciz "cublasLt_for_cublas_SSS"
+.Lname174:
+    .asciz "cublasLt_for_cublas_TSS"
+.Lname175:
     .asciz "cublasLt_for_cublas_TST"
     .section .note.GNU-stack,"",@progbits

@@ -61,10 +61,18 @@ cuArrayGetPlane:
 cuArrayGetSparseProperties:
     jmp __chidori_driver_cuArrayGetSparseProperties@PLT
     .size cuArrayGetSparseProperties, .-cuArrayGetSparseProperties
+    .globl cuCheckpointOperationComplete
+    .type cuCheckpointOperationComplete, @function
+cuCheckpointOperationComplete:
+    leaq .Lname0(%rip), %rdi
+    movq $801, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cuCheckpointOperationComplete, .-cuCheckpointOperationComplete
     .globl cuCheckpointProcessCheckpoint
     .type cuCheckpointProcessCheckpoint, @function
 cuCheckpointProcessCheckpoint:
-    leaq .Lname0(%rip), %rdi
+    leaq .Lname1(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -72,17 +80,23 @@ cuCheckpointProcessCheckpoint:
     .globl cuCheckpointProcessGetRestoreThreadId
     .type cuCheckpointProcessGetRestoreThreadId, @function
 cuCheckpointProcessGetRestoreThreadId:
-    jmp __chidori_driver_cuCheckpointProcessGetRestoreThreadId@PLT
+    leaq .Lname2(%rip), %rdi
+    movq $801, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size cuCheckpointProcessGetRestoreThreadId, .-cuCheckpointProcessGetRestoreThreadId
     .globl cuCheckpointProcessGetState
     .type cuCheckpointProcessGetState, @function
 cuCheckpointProcessGetState:
-    jmp __chidori_driver_cuCheckpointProcessGetState@PLT
+    leaq .Lname3(%rip), %rdi
+    movq $801, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size cuCheckpointProcessGetState, .-cuCheckpointProcessGetState
     .globl cuCheckpointProcessLock
     .type cuCheckpointProcessLock, @function
 cuCheckpointProcessLock:
-    leaq .Lname1(%rip), %rdi
+    leaq .Lname4(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -90,7 +104,7 @@ cuCheckpointProcessLock:
     .globl cuCheckpointProcessRestore
     .type cuCheckpointProcessRestore, @function
 cuCheckpointProcessRestore:
-    leaq .Lname2(%rip), %rdi
+    leaq .Lname5(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -98,15 +112,25 @@ cuCheckpointProcessRestore:
     .globl cuCheckpointProcessUnlock
     .type cuCheckpointProcessUnlock, @function
 cuCheckpointProcessUnlock:
-    leaq .Lname3(%rip), %rdi
+    leaq .Lname6(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cuCheckpointProcessUnlock, .-cuCheckpointProcessUnlock
+    .globl cuCoredumpDeregisterCompleteCallback
+    .type cuCoredumpDeregisterCompleteCallback, @function
+cuCoredumpDeregisterCompleteCallback:
+    jmp __chidori_driver_cuCoredumpDeregisterCompleteCallback@PLT
+    .size cuCoredumpDeregisterCompleteCallback, .-cuCoredumpDeregisterCompleteCallback
+    .globl cuCoredumpDeregisterStartCallback
+    .type cuCoredumpDeregisterStartCallback, @function
+cuCoredumpDeregisterStartCallback:
+    jmp __chidori_driver_cuCoredumpDeregisterStartCallback@PLT
+    .size cuCoredumpDeregisterStartCallback, .-cuCoredumpDeregisterStartCallback
     .globl cuCoredumpGetAttribute
     .type cuCoredumpGetAttribute, @function
 cuCoredumpGetAttribute:
-    leaq .Lname4(%rip), %rdi
+    leaq .Lname7(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -114,15 +138,31 @@ cuCoredumpGetAttribute:
     .globl cuCoredumpGetAttributeGlobal
     .type cuCoredumpGetAttributeGlobal, @function
 cuCoredumpGetAttributeGlobal:
-    leaq .Lname5(%rip), %rdi
+    leaq .Lname8(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cuCoredumpGetAttributeGlobal, .-cuCoredumpGetAttributeGlobal
+    .globl cuCoredumpRegisterCompleteCallback
+    .type cuCoredumpRegisterCompleteCallback, @function
+cuCoredumpRegisterCompleteCallback:
+    leaq .Lname9(%rip), %rdi
+    movq $801, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cuCoredumpRegisterCompleteCallback, .-cuCoredumpRegisterCompleteCallback
+    .globl cuCoredumpRegisterStartCallback
+    .type cuCoredumpRegisterStartCallback, @function
+cuCoredumpRegisterStartCallback:
+    leaq .Lname10(%rip), %rdi
+    movq $801, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cuCoredumpRegisterStartCallback, .-cuCoredumpRegisterStartCallback
     .globl cuCoredumpSetAttribute
     .type cuCoredumpSetAttribute, @function
 cuCoredumpSetAttribute:
-    leaq .Lname6(%rip), %rdi
+    leaq .Lname11(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -130,7 +170,7 @@ cuCoredumpSetAttribute:
     .globl cuCoredumpSetAttributeGlobal
     .type cuCoredumpSetAttributeGlobal, @function
 cuCoredumpSetAttributeGlobal:
-    leaq .Lname7(%rip), %rdi
+    leaq .Lname12(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -338,7 +378,7 @@ cuDevResourceGenerateDesc:
     .globl cuDevSmResourceSplit
     .type cuDevSmResourceSplit, @function
 cuDevSmResourceSplit:
-    jmp __chidori_driver_cuDevSmResourceSplit@PLT
+    jmp __chidori_driver_cuDevSmResourceSplit__cu135@PLT
     .size cuDevSmResourceSplit, .-cuDevSmResourceSplit
     .globl cuDevSmResourceSplitByCount
     .type cuDevSmResourceSplitByCount, @function
@@ -370,6 +410,19 @@ cuDeviceGetAttribute:
 cuDeviceGetByPCIBusId:
     jmp __chidori_driver_cuDeviceGetByPCIBusId@PLT
     .size cuDeviceGetByPCIBusId, .-cuDeviceGetByPCIBusId
+    .globl cuDeviceGetCliqueCount
+    .type cuDeviceGetCliqueCount, @function
+cuDeviceGetCliqueCount:
+    jmp __chidori_driver_cuDeviceGetCliqueCount@PLT
+    .size cuDeviceGetCliqueCount, .-cuDeviceGetCliqueCount
+    .globl cuDeviceGetCliqueInfo
+    .type cuDeviceGetCliqueInfo, @function
+cuDeviceGetCliqueInfo:
+    leaq .Lname13(%rip), %rdi
+    movq $801, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cuDeviceGetCliqueInfo, .-cuDeviceGetCliqueInfo
     .globl cuDeviceGetCount
     .type cuDeviceGetCount, @function
 cuDeviceGetCount:
@@ -390,6 +443,14 @@ cuDeviceGetDevResource:
 cuDeviceGetExecAffinitySupport:
     jmp __chidori_driver_cuDeviceGetExecAffinitySupport@PLT
     .size cuDeviceGetExecAffinitySupport, .-cuDeviceGetExecAffinitySupport
+    .globl cuDeviceGetFabricClusterUuid
+    .type cuDeviceGetFabricClusterUuid, @function
+cuDeviceGetFabricClusterUuid:
+    leaq .Lname14(%rip), %rdi
+    movq $801, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cuDeviceGetFabricClusterUuid, .-cuDeviceGetFabricClusterUuid
     .globl cuDeviceGetGraphMemAttribute
     .type cuDeviceGetGraphMemAttribute, @function
 cuDeviceGetGraphMemAttribute:
@@ -418,7 +479,7 @@ cuDeviceGetName:
     .globl cuDeviceGetNvSciSyncAttributes
     .type cuDeviceGetNvSciSyncAttributes, @function
 cuDeviceGetNvSciSyncAttributes:
-    leaq .Lname8(%rip), %rdi
+    leaq .Lname15(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -506,7 +567,7 @@ cuDevicePrimaryCtxSetFlags_v2:
     .globl cuDeviceRegisterAsyncNotification
     .type cuDeviceRegisterAsyncNotification, @function
 cuDeviceRegisterAsyncNotification:
-    leaq .Lname9(%rip), %rdi
+    leaq .Lname16(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -606,6 +667,22 @@ cuExternalMemoryGetMappedBuffer:
 cuExternalMemoryGetMappedMipmappedArray:
     jmp __chidori_driver_cuExternalMemoryGetMappedMipmappedArray@PLT
     .size cuExternalMemoryGetMappedMipmappedArray, .-cuExternalMemoryGetMappedMipmappedArray
+    .globl cuFabricCpyBatchAsync
+    .type cuFabricCpyBatchAsync, @function
+cuFabricCpyBatchAsync:
+    leaq .Lname17(%rip), %rdi
+    movq $801, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cuFabricCpyBatchAsync, .-cuFabricCpyBatchAsync
+    .globl cuFabricCpyBatchAsync_ptsz
+    .type cuFabricCpyBatchAsync_ptsz, @function
+cuFabricCpyBatchAsync_ptsz:
+    leaq .Lname18(%rip), %rdi
+    movq $801, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cuFabricCpyBatchAsync_ptsz, .-cuFabricCpyBatchAsync_ptsz
     .globl cuFlushGPUDirectRDMAWrites
     .type cuFlushGPUDirectRDMAWrites, @function
 cuFlushGPUDirectRDMAWrites:
@@ -626,6 +703,11 @@ cuFuncGetModule:
 cuFuncGetName:
     jmp __chidori_driver_cuFuncGetName@PLT
     .size cuFuncGetName, .-cuFuncGetName
+    .globl cuFuncGetParamCount
+    .type cuFuncGetParamCount, @function
+cuFuncGetParamCount:
+    jmp __chidori_driver_cuFuncGetParamCount@PLT
+    .size cuFuncGetParamCount, .-cuFuncGetParamCount
     .globl cuFuncGetParamInfo
     .type cuFuncGetParamInfo, @function
 cuFuncGetParamInfo:
@@ -729,7 +811,7 @@ cuGraphAddEventWaitNode:
     .globl cuGraphAddExternalSemaphoresSignalNode
     .type cuGraphAddExternalSemaphoresSignalNode, @function
 cuGraphAddExternalSemaphoresSignalNode:
-    leaq .Lname10(%rip), %rdi
+    leaq .Lname19(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -737,7 +819,7 @@ cuGraphAddExternalSemaphoresSignalNode:
     .globl cuGraphAddExternalSemaphoresWaitNode
     .type cuGraphAddExternalSemaphoresWaitNode, @function
 cuGraphAddExternalSemaphoresWaitNode:
-    leaq .Lname11(%rip), %rdi
+    leaq .Lname20(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -760,7 +842,7 @@ cuGraphAddKernelNode_v2:
     .globl cuGraphAddMemAllocNode
     .type cuGraphAddMemAllocNode, @function
 cuGraphAddMemAllocNode:
-    jmp __chidori_driver_cuGraphAddMemAllocNode__cu126@PLT
+    jmp __chidori_driver_cuGraphAddMemAllocNode__cu135@PLT
     .size cuGraphAddMemAllocNode, .-cuGraphAddMemAllocNode
     .globl cuGraphAddMemFreeNode
     .type cuGraphAddMemFreeNode, @function
@@ -787,6 +869,11 @@ cuGraphAddNode:
 cuGraphAddNode_v2:
     jmp __chidori_driver_cuGraphAddNode_v2@PLT
     .size cuGraphAddNode_v2, .-cuGraphAddNode_v2
+    .globl cuGraphAddNode_v3
+    .type cuGraphAddNode_v3, @function
+cuGraphAddNode_v3:
+    jmp __chidori_driver_cuGraphAddNode_v3@PLT
+    .size cuGraphAddNode_v3, .-cuGraphAddNode_v3
     .globl cuGraphBatchMemOpNodeGetParams
     .type cuGraphBatchMemOpNodeGetParams, @function
 cuGraphBatchMemOpNodeGetParams:
@@ -880,7 +967,7 @@ cuGraphExecEventWaitNodeSetEvent:
     .globl cuGraphExecExternalSemaphoresSignalNodeSetParams
     .type cuGraphExecExternalSemaphoresSignalNodeSetParams, @function
 cuGraphExecExternalSemaphoresSignalNodeSetParams:
-    leaq .Lname12(%rip), %rdi
+    leaq .Lname21(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -888,7 +975,7 @@ cuGraphExecExternalSemaphoresSignalNodeSetParams:
     .globl cuGraphExecExternalSemaphoresWaitNodeSetParams
     .type cuGraphExecExternalSemaphoresWaitNodeSetParams, @function
 cuGraphExecExternalSemaphoresWaitNodeSetParams:
-    leaq .Lname13(%rip), %rdi
+    leaq .Lname22(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -946,7 +1033,7 @@ cuGraphExecUpdate_v2:
     .globl cuGraphExternalSemaphoresSignalNodeGetParams
     .type cuGraphExternalSemaphoresSignalNodeGetParams, @function
 cuGraphExternalSemaphoresSignalNodeGetParams:
-    leaq .Lname14(%rip), %rdi
+    leaq .Lname23(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -954,7 +1041,7 @@ cuGraphExternalSemaphoresSignalNodeGetParams:
     .globl cuGraphExternalSemaphoresSignalNodeSetParams
     .type cuGraphExternalSemaphoresSignalNodeSetParams, @function
 cuGraphExternalSemaphoresSignalNodeSetParams:
-    leaq .Lname15(%rip), %rdi
+    leaq .Lname24(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -962,7 +1049,7 @@ cuGraphExternalSemaphoresSignalNodeSetParams:
     .globl cuGraphExternalSemaphoresWaitNodeGetParams
     .type cuGraphExternalSemaphoresWaitNodeGetParams, @function
 cuGraphExternalSemaphoresWaitNodeGetParams:
-    leaq .Lname16(%rip), %rdi
+    leaq .Lname25(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -970,7 +1057,7 @@ cuGraphExternalSemaphoresWaitNodeGetParams:
     .globl cuGraphExternalSemaphoresWaitNodeSetParams
     .type cuGraphExternalSemaphoresWaitNodeSetParams, @function
 cuGraphExternalSemaphoresWaitNodeSetParams:
-    leaq .Lname17(%rip), %rdi
+    leaq .Lname26(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1043,7 +1130,7 @@ cuGraphKernelNodeCopyAttributes:
     .globl cuGraphKernelNodeGetAttribute
     .type cuGraphKernelNodeGetAttribute, @function
 cuGraphKernelNodeGetAttribute:
-    jmp __chidori_driver_cuGraphKernelNodeGetAttribute__cu130@PLT
+    jmp __chidori_driver_cuGraphKernelNodeGetAttribute__cu135@PLT
     .size cuGraphKernelNodeGetAttribute, .-cuGraphKernelNodeGetAttribute
     .globl cuGraphKernelNodeGetParams
     .type cuGraphKernelNodeGetParams, @function
@@ -1058,7 +1145,7 @@ cuGraphKernelNodeGetParams_v2:
     .globl cuGraphKernelNodeSetAttribute
     .type cuGraphKernelNodeSetAttribute, @function
 cuGraphKernelNodeSetAttribute:
-    jmp __chidori_driver_cuGraphKernelNodeSetAttribute__cu130@PLT
+    jmp __chidori_driver_cuGraphKernelNodeSetAttribute__cu135@PLT
     .size cuGraphKernelNodeSetAttribute, .-cuGraphKernelNodeSetAttribute
     .globl cuGraphKernelNodeSetParams
     .type cuGraphKernelNodeSetParams, @function
@@ -1083,7 +1170,7 @@ cuGraphLaunch_ptsz:
     .globl cuGraphMemAllocNodeGetParams
     .type cuGraphMemAllocNodeGetParams, @function
 cuGraphMemAllocNodeGetParams:
-    jmp __chidori_driver_cuGraphMemAllocNodeGetParams__cu126@PLT
+    jmp __chidori_driver_cuGraphMemAllocNodeGetParams__cu135@PLT
     .size cuGraphMemAllocNodeGetParams, .-cuGraphMemAllocNodeGetParams
     .globl cuGraphMemFreeNodeGetParams
     .type cuGraphMemFreeNodeGetParams, @function
@@ -1150,6 +1237,14 @@ cuGraphNodeGetEnabled:
 cuGraphNodeGetLocalId:
     jmp __chidori_driver_cuGraphNodeGetLocalId@PLT
     .size cuGraphNodeGetLocalId, .-cuGraphNodeGetLocalId
+    .globl cuGraphNodeGetParams
+    .type cuGraphNodeGetParams, @function
+cuGraphNodeGetParams:
+    leaq .Lname27(%rip), %rdi
+    movq $801, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cuGraphNodeGetParams, .-cuGraphNodeGetParams
     .globl cuGraphNodeGetToolsId
     .type cuGraphNodeGetToolsId, @function
 cuGraphNodeGetToolsId:
@@ -1170,6 +1265,11 @@ cuGraphNodeSetEnabled:
 cuGraphNodeSetParams:
     jmp __chidori_driver_cuGraphNodeSetParams@PLT
     .size cuGraphNodeSetParams, .-cuGraphNodeSetParams
+    .globl cuGraphNodeSetParams_v2
+    .type cuGraphNodeSetParams_v2, @function
+cuGraphNodeSetParams_v2:
+    jmp __chidori_driver_cuGraphNodeSetParams_v2@PLT
+    .size cuGraphNodeSetParams_v2, .-cuGraphNodeSetParams_v2
     .globl cuGraphReleaseUserObject
     .type cuGraphReleaseUserObject, @function
 cuGraphReleaseUserObject:
@@ -1218,7 +1318,7 @@ cuGraphicsResourceGetMappedMipmappedArray:
     .globl cuGraphicsResourceGetMappedPointer
     .type cuGraphicsResourceGetMappedPointer, @function
 cuGraphicsResourceGetMappedPointer:
-    leaq .Lname18(%rip), %rdi
+    leaq .Lname28(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1226,7 +1326,7 @@ cuGraphicsResourceGetMappedPointer:
     .globl cuGraphicsResourceGetMappedPointer_v2
     .type cuGraphicsResourceGetMappedPointer_v2, @function
 cuGraphicsResourceGetMappedPointer_v2:
-    leaq .Lname19(%rip), %rdi
+    leaq .Lname29(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1299,7 +1399,7 @@ cuGreenCtxWaitEvent:
     .globl cuImportExternalMemory
     .type cuImportExternalMemory, @function
 cuImportExternalMemory:
-    leaq .Lname20(%rip), %rdi
+    leaq .Lname30(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1307,7 +1407,7 @@ cuImportExternalMemory:
     .globl cuImportExternalSemaphore
     .type cuImportExternalSemaphore, @function
 cuImportExternalSemaphore:
-    leaq .Lname21(%rip), %rdi
+    leaq .Lname31(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1325,7 +1425,7 @@ cuIpcCloseMemHandle:
     .globl cuIpcGetEventHandle
     .type cuIpcGetEventHandle, @function
 cuIpcGetEventHandle:
-    leaq .Lname22(%rip), %rdi
+    leaq .Lname32(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1333,7 +1433,7 @@ cuIpcGetEventHandle:
     .globl cuIpcGetMemHandle
     .type cuIpcGetMemHandle, @function
 cuIpcGetMemHandle:
-    leaq .Lname23(%rip), %rdi
+    leaq .Lname33(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1373,6 +1473,11 @@ cuKernelGetLibrary:
 cuKernelGetName:
     jmp __chidori_driver_cuKernelGetName@PLT
     .size cuKernelGetName, .-cuKernelGetName
+    .globl cuKernelGetParamCount
+    .type cuKernelGetParamCount, @function
+cuKernelGetParamCount:
+    jmp __chidori_driver_cuKernelGetParamCount@PLT
+    .size cuKernelGetParamCount, .-cuKernelGetParamCount
     .globl cuKernelGetParamInfo
     .type cuKernelGetParamInfo, @function
 cuKernelGetParamInfo:
@@ -1401,7 +1506,7 @@ cuLaunchCooperativeKernel:
     .globl cuLaunchCooperativeKernelMultiDevice
     .type cuLaunchCooperativeKernelMultiDevice, @function
 cuLaunchCooperativeKernelMultiDevice:
-    leaq .Lname24(%rip), %rdi
+    leaq .Lname34(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1431,6 +1536,16 @@ cuLaunchHostFunc:
 cuLaunchHostFunc_ptsz:
     jmp __chidori_driver_cuLaunchHostFunc_ptsz@PLT
     .size cuLaunchHostFunc_ptsz, .-cuLaunchHostFunc_ptsz
+    .globl cuLaunchHostFunc_v2
+    .type cuLaunchHostFunc_v2, @function
+cuLaunchHostFunc_v2:
+    jmp __chidori_driver_cuLaunchHostFunc_v2@PLT
+    .size cuLaunchHostFunc_v2, .-cuLaunchHostFunc_v2
+    .globl cuLaunchHostFunc_v2_ptsz
+    .type cuLaunchHostFunc_v2_ptsz, @function
+cuLaunchHostFunc_v2_ptsz:
+    jmp __chidori_driver_cuLaunchHostFunc_v2_ptsz@PLT
+    .size cuLaunchHostFunc_v2_ptsz, .-cuLaunchHostFunc_v2_ptsz
     .globl cuLaunchKernel
     .type cuLaunchKernel, @function
 cuLaunchKernel:
@@ -1439,12 +1554,12 @@ cuLaunchKernel:
     .globl cuLaunchKernelEx
     .type cuLaunchKernelEx, @function
 cuLaunchKernelEx:
-    jmp __chidori_driver_cuLaunchKernelEx__cu130@PLT
+    jmp __chidori_driver_cuLaunchKernelEx__cu135@PLT
     .size cuLaunchKernelEx, .-cuLaunchKernelEx
     .globl cuLaunchKernelEx_ptsz
     .type cuLaunchKernelEx_ptsz, @function
 cuLaunchKernelEx_ptsz:
-    jmp __chidori_driver_cuLaunchKernelEx_ptsz__cu130@PLT
+    jmp __chidori_driver_cuLaunchKernelEx_ptsz__cu135@PLT
     .size cuLaunchKernelEx_ptsz, .-cuLaunchKernelEx_ptsz
     .globl cuLaunchKernel_ptsz
     .type cuLaunchKernel_ptsz, @function
@@ -1484,7 +1599,7 @@ cuLibraryGetModule:
     .globl cuLibraryGetUnifiedFunction
     .type cuLibraryGetUnifiedFunction, @function
 cuLibraryGetUnifiedFunction:
-    leaq .Lname25(%rip), %rdi
+    leaq .Lname35(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1544,6 +1659,84 @@ cuLinkCreate_v2:
 cuLinkDestroy:
     jmp __chidori_driver_cuLinkDestroy@PLT
     .size cuLinkDestroy, .-cuLinkDestroy
+    .globl cuLogicalEndpointAddDevice
+    .type cuLogicalEndpointAddDevice, @function
+cuLogicalEndpointAddDevice:
+    jmp __chidori_driver_cuLogicalEndpointAddDevice@PLT
+    .size cuLogicalEndpointAddDevice, .-cuLogicalEndpointAddDevice
+    .globl cuLogicalEndpointBindAddr
+    .type cuLogicalEndpointBindAddr, @function
+cuLogicalEndpointBindAddr:
+    leaq .Lname36(%rip), %rdi
+    movq $801, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cuLogicalEndpointBindAddr, .-cuLogicalEndpointBindAddr
+    .globl cuLogicalEndpointBindMem
+    .type cuLogicalEndpointBindMem, @function
+cuLogicalEndpointBindMem:
+    jmp __chidori_driver_cuLogicalEndpointBindMem@PLT
+    .size cuLogicalEndpointBindMem, .-cuLogicalEndpointBindMem
+    .globl cuLogicalEndpointCreate
+    .type cuLogicalEndpointCreate, @function
+cuLogicalEndpointCreate:
+    jmp __chidori_driver_cuLogicalEndpointCreate@PLT
+    .size cuLogicalEndpointCreate, .-cuLogicalEndpointCreate
+    .globl cuLogicalEndpointDestroy
+    .type cuLogicalEndpointDestroy, @function
+cuLogicalEndpointDestroy:
+    jmp __chidori_driver_cuLogicalEndpointDestroy@PLT
+    .size cuLogicalEndpointDestroy, .-cuLogicalEndpointDestroy
+    .globl cuLogicalEndpointExport
+    .type cuLogicalEndpointExport, @function
+cuLogicalEndpointExport:
+    leaq .Lname37(%rip), %rdi
+    movq $801, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cuLogicalEndpointExport, .-cuLogicalEndpointExport
+    .globl cuLogicalEndpointGetLimits
+    .type cuLogicalEndpointGetLimits, @function
+cuLogicalEndpointGetLimits:
+    leaq .Lname38(%rip), %rdi
+    movq $801, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cuLogicalEndpointGetLimits, .-cuLogicalEndpointGetLimits
+    .globl cuLogicalEndpointIdRelease
+    .type cuLogicalEndpointIdRelease, @function
+cuLogicalEndpointIdRelease:
+    jmp __chidori_driver_cuLogicalEndpointIdRelease@PLT
+    .size cuLogicalEndpointIdRelease, .-cuLogicalEndpointIdRelease
+    .globl cuLogicalEndpointIdReserve
+    .type cuLogicalEndpointIdReserve, @function
+cuLogicalEndpointIdReserve:
+    leaq .Lname39(%rip), %rdi
+    movq $801, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cuLogicalEndpointIdReserve, .-cuLogicalEndpointIdReserve
+    .globl cuLogicalEndpointImport
+    .type cuLogicalEndpointImport, @function
+cuLogicalEndpointImport:
+    leaq .Lname40(%rip), %rdi
+    movq $801, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cuLogicalEndpointImport, .-cuLogicalEndpointImport
+    .globl cuLogicalEndpointQuery
+    .type cuLogicalEndpointQuery, @function
+cuLogicalEndpointQuery:
+    leaq .Lname41(%rip), %rdi
+    movq $801, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cuLogicalEndpointQuery, .-cuLogicalEndpointQuery
+    .globl cuLogicalEndpointUnbind
+    .type cuLogicalEndpointUnbind, @function
+cuLogicalEndpointUnbind:
+    jmp __chidori_driver_cuLogicalEndpointUnbind@PLT
+    .size cuLogicalEndpointUnbind, .-cuLogicalEndpointUnbind
     .globl cuLogsCurrent
     .type cuLogsCurrent, @function
 cuLogsCurrent:
@@ -1552,7 +1745,7 @@ cuLogsCurrent:
     .globl cuLogsDumpToFile
     .type cuLogsDumpToFile, @function
 cuLogsDumpToFile:
-    leaq .Lname26(%rip), %rdi
+    leaq .Lname42(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1565,7 +1758,7 @@ cuLogsDumpToMemory:
     .globl cuLogsRegisterCallback
     .type cuLogsRegisterCallback, @function
 cuLogsRegisterCallback:
-    leaq .Lname27(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1593,12 +1786,12 @@ cuMemAdvise:
     .globl cuMemAdvise_v2
     .type cuMemAdvise_v2, @function
 cuMemAdvise_v2:
-    jmp __chidori_driver_cuMemAdvise_v2@PLT
+    jmp __chidori_driver_cuMemAdvise_v2__cu135@PLT
     .size cuMemAdvise_v2, .-cuMemAdvise_v2
     .globl cuMemAlloc
     .type cuMemAlloc, @function
 cuMemAlloc:
-    leaq .Lname28(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1641,7 +1834,7 @@ cuMemAllocManaged:
     .globl cuMemAllocPitch
     .type cuMemAllocPitch, @function
 cuMemAllocPitch:
-    leaq .Lname29(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1669,17 +1862,17 @@ cuMemBatchDecompressAsync_ptsz:
     .globl cuMemCreate
     .type cuMemCreate, @function
 cuMemCreate:
-    jmp __chidori_driver_cuMemCreate@PLT
+    jmp __chidori_driver_cuMemCreate__cu135@PLT
     .size cuMemCreate, .-cuMemCreate
     .globl cuMemDiscardAndPrefetchBatchAsync
     .type cuMemDiscardAndPrefetchBatchAsync, @function
 cuMemDiscardAndPrefetchBatchAsync:
-    jmp __chidori_driver_cuMemDiscardAndPrefetchBatchAsync@PLT
+    jmp __chidori_driver_cuMemDiscardAndPrefetchBatchAsync__cu135@PLT
     .size cuMemDiscardAndPrefetchBatchAsync, .-cuMemDiscardAndPrefetchBatchAsync
     .globl cuMemDiscardAndPrefetchBatchAsync_ptsz
     .type cuMemDiscardAndPrefetchBatchAsync_ptsz, @function
 cuMemDiscardAndPrefetchBatchAsync_ptsz:
-    jmp __chidori_driver_cuMemDiscardAndPrefetchBatchAsync_ptsz@PLT
+    jmp __chidori_driver_cuMemDiscardAndPrefetchBatchAsync_ptsz__cu135@PLT
     .size cuMemDiscardAndPrefetchBatchAsync_ptsz, .-cuMemDiscardAndPrefetchBatchAsync_ptsz
     .globl cuMemDiscardBatchAsync
     .type cuMemDiscardBatchAsync, @function
@@ -1694,7 +1887,7 @@ cuMemDiscardBatchAsync_ptsz:
     .globl cuMemExportToShareableHandle
     .type cuMemExportToShareableHandle, @function
 cuMemExportToShareableHandle:
-    leaq .Lname30(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1727,12 +1920,12 @@ cuMemFree_v2:
     .globl cuMemGetAccess
     .type cuMemGetAccess, @function
 cuMemGetAccess:
-    jmp __chidori_driver_cuMemGetAccess@PLT
+    jmp __chidori_driver_cuMemGetAccess__cu135@PLT
     .size cuMemGetAccess, .-cuMemGetAccess
     .globl cuMemGetAddressRange
     .type cuMemGetAddressRange, @function
 cuMemGetAddressRange:
-    leaq .Lname31(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1745,22 +1938,22 @@ cuMemGetAddressRange_v2:
     .globl cuMemGetAllocationGranularity
     .type cuMemGetAllocationGranularity, @function
 cuMemGetAllocationGranularity:
-    jmp __chidori_driver_cuMemGetAllocationGranularity@PLT
+    jmp __chidori_driver_cuMemGetAllocationGranularity__cu135@PLT
     .size cuMemGetAllocationGranularity, .-cuMemGetAllocationGranularity
     .globl cuMemGetAllocationPropertiesFromHandle
     .type cuMemGetAllocationPropertiesFromHandle, @function
 cuMemGetAllocationPropertiesFromHandle:
-    jmp __chidori_driver_cuMemGetAllocationPropertiesFromHandle@PLT
+    jmp __chidori_driver_cuMemGetAllocationPropertiesFromHandle__cu135@PLT
     .size cuMemGetAllocationPropertiesFromHandle, .-cuMemGetAllocationPropertiesFromHandle
     .globl cuMemGetDefaultMemPool
     .type cuMemGetDefaultMemPool, @function
 cuMemGetDefaultMemPool:
-    jmp __chidori_driver_cuMemGetDefaultMemPool@PLT
+    jmp __chidori_driver_cuMemGetDefaultMemPool__cu135@PLT
     .size cuMemGetDefaultMemPool, .-cuMemGetDefaultMemPool
     .globl cuMemGetHandleForAddressRange
     .type cuMemGetHandleForAddressRange, @function
 cuMemGetHandleForAddressRange:
-    leaq .Lname32(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1775,10 +1968,18 @@ cuMemGetInfo:
 cuMemGetInfo_v2:
     jmp __chidori_driver_cuMemGetInfo_v2@PLT
     .size cuMemGetInfo_v2, .-cuMemGetInfo_v2
+    .globl cuMemGetLocationInfo
+    .type cuMemGetLocationInfo, @function
+cuMemGetLocationInfo:
+    leaq .Lname49(%rip), %rdi
+    movq $801, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cuMemGetLocationInfo, .-cuMemGetLocationInfo
     .globl cuMemGetMemPool
     .type cuMemGetMemPool, @function
 cuMemGetMemPool:
-    jmp __chidori_driver_cuMemGetMemPool@PLT
+    jmp __chidori_driver_cuMemGetMemPool__cu135@PLT
     .size cuMemGetMemPool, .-cuMemGetMemPool
     .globl cuMemHostAlloc
     .type cuMemHostAlloc, @function
@@ -1788,7 +1989,7 @@ cuMemHostAlloc:
     .globl cuMemHostGetDevicePointer
     .type cuMemHostGetDevicePointer, @function
 cuMemHostGetDevicePointer:
-    leaq .Lname33(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1821,7 +2022,7 @@ cuMemHostUnregister:
     .globl cuMemImportFromShareableHandle
     .type cuMemImportFromShareableHandle, @function
 cuMemImportFromShareableHandle:
-    leaq .Lname34(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1844,7 +2045,7 @@ cuMemMapArrayAsync_ptsz:
     .globl cuMemPoolCreate
     .type cuMemPoolCreate, @function
 cuMemPoolCreate:
-    jmp __chidori_driver_cuMemPoolCreate__cu126@PLT
+    jmp __chidori_driver_cuMemPoolCreate__cu135@PLT
     .size cuMemPoolCreate, .-cuMemPoolCreate
     .globl cuMemPoolDestroy
     .type cuMemPoolDestroy, @function
@@ -1854,7 +2055,7 @@ cuMemPoolDestroy:
     .globl cuMemPoolExportPointer
     .type cuMemPoolExportPointer, @function
 cuMemPoolExportPointer:
-    leaq .Lname35(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1862,7 +2063,7 @@ cuMemPoolExportPointer:
     .globl cuMemPoolExportToShareableHandle
     .type cuMemPoolExportToShareableHandle, @function
 cuMemPoolExportToShareableHandle:
-    leaq .Lname36(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1870,7 +2071,7 @@ cuMemPoolExportToShareableHandle:
     .globl cuMemPoolGetAccess
     .type cuMemPoolGetAccess, @function
 cuMemPoolGetAccess:
-    jmp __chidori_driver_cuMemPoolGetAccess@PLT
+    jmp __chidori_driver_cuMemPoolGetAccess__cu135@PLT
     .size cuMemPoolGetAccess, .-cuMemPoolGetAccess
     .globl cuMemPoolGetAttribute
     .type cuMemPoolGetAttribute, @function
@@ -1880,7 +2081,7 @@ cuMemPoolGetAttribute:
     .globl cuMemPoolImportFromShareableHandle
     .type cuMemPoolImportFromShareableHandle, @function
 cuMemPoolImportFromShareableHandle:
-    leaq .Lname37(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1888,7 +2089,7 @@ cuMemPoolImportFromShareableHandle:
     .globl cuMemPoolImportPointer
     .type cuMemPoolImportPointer, @function
 cuMemPoolImportPointer:
-    leaq .Lname38(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1896,7 +2097,7 @@ cuMemPoolImportPointer:
     .globl cuMemPoolSetAccess
     .type cuMemPoolSetAccess, @function
 cuMemPoolSetAccess:
-    jmp __chidori_driver_cuMemPoolSetAccess@PLT
+    jmp __chidori_driver_cuMemPoolSetAccess__cu135@PLT
     .size cuMemPoolSetAccess, .-cuMemPoolSetAccess
     .globl cuMemPoolSetAttribute
     .type cuMemPoolSetAttribute, @function
@@ -1921,22 +2122,22 @@ cuMemPrefetchAsync_ptsz:
     .globl cuMemPrefetchAsync_v2
     .type cuMemPrefetchAsync_v2, @function
 cuMemPrefetchAsync_v2:
-    jmp __chidori_driver_cuMemPrefetchAsync_v2@PLT
+    jmp __chidori_driver_cuMemPrefetchAsync_v2__cu135@PLT
     .size cuMemPrefetchAsync_v2, .-cuMemPrefetchAsync_v2
     .globl cuMemPrefetchAsync_v2_ptsz
     .type cuMemPrefetchAsync_v2_ptsz, @function
 cuMemPrefetchAsync_v2_ptsz:
-    jmp __chidori_driver_cuMemPrefetchAsync_v2_ptsz@PLT
+    jmp __chidori_driver_cuMemPrefetchAsync_v2_ptsz__cu135@PLT
     .size cuMemPrefetchAsync_v2_ptsz, .-cuMemPrefetchAsync_v2_ptsz
     .globl cuMemPrefetchBatchAsync
     .type cuMemPrefetchBatchAsync, @function
 cuMemPrefetchBatchAsync:
-    jmp __chidori_driver_cuMemPrefetchBatchAsync@PLT
+    jmp __chidori_driver_cuMemPrefetchBatchAsync__cu135@PLT
     .size cuMemPrefetchBatchAsync, .-cuMemPrefetchBatchAsync
     .globl cuMemPrefetchBatchAsync_ptsz
     .type cuMemPrefetchBatchAsync_ptsz, @function
 cuMemPrefetchBatchAsync_ptsz:
-    jmp __chidori_driver_cuMemPrefetchBatchAsync_ptsz@PLT
+    jmp __chidori_driver_cuMemPrefetchBatchAsync_ptsz__cu135@PLT
     .size cuMemPrefetchBatchAsync_ptsz, .-cuMemPrefetchBatchAsync_ptsz
     .globl cuMemRangeGetAttribute
     .type cuMemRangeGetAttribute, @function
@@ -1961,12 +2162,12 @@ cuMemRetainAllocationHandle:
     .globl cuMemSetAccess
     .type cuMemSetAccess, @function
 cuMemSetAccess:
-    jmp __chidori_driver_cuMemSetAccess@PLT
+    jmp __chidori_driver_cuMemSetAccess__cu135@PLT
     .size cuMemSetAccess, .-cuMemSetAccess
     .globl cuMemSetMemPool
     .type cuMemSetMemPool, @function
 cuMemSetMemPool:
-    jmp __chidori_driver_cuMemSetMemPool@PLT
+    jmp __chidori_driver_cuMemSetMemPool__cu135@PLT
     .size cuMemSetMemPool, .-cuMemSetMemPool
     .globl cuMemUnmap
     .type cuMemUnmap, @function
@@ -1981,7 +2182,7 @@ cuMemcpy:
     .globl cuMemcpy2D
     .type cuMemcpy2D, @function
 cuMemcpy2D:
-    leaq .Lname39(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1989,7 +2190,7 @@ cuMemcpy2D:
     .globl cuMemcpy2DAsync
     .type cuMemcpy2DAsync, @function
 cuMemcpy2DAsync:
-    leaq .Lname40(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2007,7 +2208,7 @@ cuMemcpy2DAsync_v2_ptsz:
     .globl cuMemcpy2DUnaligned
     .type cuMemcpy2DUnaligned, @function
 cuMemcpy2DUnaligned:
-    leaq .Lname41(%rip), %rdi
+    leaq .Lname58(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2035,7 +2236,7 @@ cuMemcpy2D_v2_ptds:
     .globl cuMemcpy3D
     .type cuMemcpy3D, @function
 cuMemcpy3D:
-    leaq .Lname42(%rip), %rdi
+    leaq .Lname59(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2043,7 +2244,7 @@ cuMemcpy3D:
     .globl cuMemcpy3DAsync
     .type cuMemcpy3DAsync, @function
 cuMemcpy3DAsync:
-    leaq .Lname43(%rip), %rdi
+    leaq .Lname60(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2061,22 +2262,22 @@ cuMemcpy3DAsync_v2_ptsz:
     .globl cuMemcpy3DBatchAsync
     .type cuMemcpy3DBatchAsync, @function
 cuMemcpy3DBatchAsync:
-    jmp __chidori_driver_cuMemcpy3DBatchAsync@PLT
+    jmp __chidori_driver_cuMemcpy3DBatchAsync__cu135@PLT
     .size cuMemcpy3DBatchAsync, .-cuMemcpy3DBatchAsync
     .globl cuMemcpy3DBatchAsync_ptsz
     .type cuMemcpy3DBatchAsync_ptsz, @function
 cuMemcpy3DBatchAsync_ptsz:
-    jmp __chidori_driver_cuMemcpy3DBatchAsync_ptsz@PLT
+    jmp __chidori_driver_cuMemcpy3DBatchAsync_ptsz__cu135@PLT
     .size cuMemcpy3DBatchAsync_ptsz, .-cuMemcpy3DBatchAsync_ptsz
     .globl cuMemcpy3DBatchAsync_v2
     .type cuMemcpy3DBatchAsync_v2, @function
 cuMemcpy3DBatchAsync_v2:
-    jmp __chidori_driver_cuMemcpy3DBatchAsync_v2@PLT
+    jmp __chidori_driver_cuMemcpy3DBatchAsync_v2__cu135@PLT
     .size cuMemcpy3DBatchAsync_v2, .-cuMemcpy3DBatchAsync_v2
     .globl cuMemcpy3DBatchAsync_v2_ptsz
     .type cuMemcpy3DBatchAsync_v2_ptsz, @function
 cuMemcpy3DBatchAsync_v2_ptsz:
-    jmp __chidori_driver_cuMemcpy3DBatchAsync_v2_ptsz@PLT
+    jmp __chidori_driver_cuMemcpy3DBatchAsync_v2_ptsz__cu135@PLT
     .size cuMemcpy3DBatchAsync_v2_ptsz, .-cuMemcpy3DBatchAsync_v2_ptsz
     .globl cuMemcpy3DPeer
     .type cuMemcpy3DPeer, @function
@@ -2098,6 +2299,16 @@ cuMemcpy3DPeerAsync_ptsz:
 cuMemcpy3DPeer_ptds:
     jmp __chidori_driver_cuMemcpy3DPeer_ptds@PLT
     .size cuMemcpy3DPeer_ptds, .-cuMemcpy3DPeer_ptds
+    .globl cuMemcpy3DWithAttributesAsync
+    .type cuMemcpy3DWithAttributesAsync, @function
+cuMemcpy3DWithAttributesAsync:
+    jmp __chidori_driver_cuMemcpy3DWithAttributesAsync@PLT
+    .size cuMemcpy3DWithAttributesAsync, .-cuMemcpy3DWithAttributesAsync
+    .globl cuMemcpy3DWithAttributesAsync_ptsz
+    .type cuMemcpy3DWithAttributesAsync_ptsz, @function
+cuMemcpy3DWithAttributesAsync_ptsz:
+    jmp __chidori_driver_cuMemcpy3DWithAttributesAsync_ptsz@PLT
+    .size cuMemcpy3DWithAttributesAsync_ptsz, .-cuMemcpy3DWithAttributesAsync_ptsz
     .globl cuMemcpy3D_v2
     .type cuMemcpy3D_v2, @function
 cuMemcpy3D_v2:
@@ -2181,22 +2392,22 @@ cuMemcpyAtoH_v2_ptds:
     .globl cuMemcpyBatchAsync
     .type cuMemcpyBatchAsync, @function
 cuMemcpyBatchAsync:
-    jmp __chidori_driver_cuMemcpyBatchAsync@PLT
+    jmp __chidori_driver_cuMemcpyBatchAsync__cu135@PLT
     .size cuMemcpyBatchAsync, .-cuMemcpyBatchAsync
     .globl cuMemcpyBatchAsync_ptsz
     .type cuMemcpyBatchAsync_ptsz, @function
 cuMemcpyBatchAsync_ptsz:
-    jmp __chidori_driver_cuMemcpyBatchAsync_ptsz@PLT
+    jmp __chidori_driver_cuMemcpyBatchAsync_ptsz__cu135@PLT
     .size cuMemcpyBatchAsync_ptsz, .-cuMemcpyBatchAsync_ptsz
     .globl cuMemcpyBatchAsync_v2
     .type cuMemcpyBatchAsync_v2, @function
 cuMemcpyBatchAsync_v2:
-    jmp __chidori_driver_cuMemcpyBatchAsync_v2@PLT
+    jmp __chidori_driver_cuMemcpyBatchAsync_v2__cu135@PLT
     .size cuMemcpyBatchAsync_v2, .-cuMemcpyBatchAsync_v2
     .globl cuMemcpyBatchAsync_v2_ptsz
     .type cuMemcpyBatchAsync_v2_ptsz, @function
 cuMemcpyBatchAsync_v2_ptsz:
-    jmp __chidori_driver_cuMemcpyBatchAsync_v2_ptsz@PLT
+    jmp __chidori_driver_cuMemcpyBatchAsync_v2_ptsz__cu135@PLT
     .size cuMemcpyBatchAsync_v2_ptsz, .-cuMemcpyBatchAsync_v2_ptsz
     .globl cuMemcpyDtoA
     .type cuMemcpyDtoA, @function
@@ -2246,7 +2457,7 @@ cuMemcpyDtoD_v2_ptds:
     .globl cuMemcpyDtoH
     .type cuMemcpyDtoH, @function
 cuMemcpyDtoH:
-    leaq .Lname44(%rip), %rdi
+    leaq .Lname61(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2254,7 +2465,7 @@ cuMemcpyDtoH:
     .globl cuMemcpyDtoHAsync
     .type cuMemcpyDtoHAsync, @function
 cuMemcpyDtoHAsync:
-    leaq .Lname45(%rip), %rdi
+    leaq .Lname62(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2312,7 +2523,7 @@ cuMemcpyHtoA_v2_ptds:
     .globl cuMemcpyHtoD
     .type cuMemcpyHtoD, @function
 cuMemcpyHtoD:
-    leaq .Lname46(%rip), %rdi
+    leaq .Lname63(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2320,7 +2531,7 @@ cuMemcpyHtoD:
     .globl cuMemcpyHtoDAsync
     .type cuMemcpyHtoDAsync, @function
 cuMemcpyHtoDAsync:
-    leaq .Lname47(%rip), %rdi
+    leaq .Lname64(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2365,6 +2576,16 @@ cuMemcpyPeerAsync_ptsz:
 cuMemcpyPeer_ptds:
     jmp __chidori_driver_cuMemcpyPeer_ptds@PLT
     .size cuMemcpyPeer_ptds, .-cuMemcpyPeer_ptds
+    .globl cuMemcpyWithAttributesAsync
+    .type cuMemcpyWithAttributesAsync, @function
+cuMemcpyWithAttributesAsync:
+    jmp __chidori_driver_cuMemcpyWithAttributesAsync@PLT
+    .size cuMemcpyWithAttributesAsync, .-cuMemcpyWithAttributesAsync
+    .globl cuMemcpyWithAttributesAsync_ptsz
+    .type cuMemcpyWithAttributesAsync_ptsz, @function
+cuMemcpyWithAttributesAsync_ptsz:
+    jmp __chidori_driver_cuMemcpyWithAttributesAsync_ptsz@PLT
+    .size cuMemcpyWithAttributesAsync_ptsz, .-cuMemcpyWithAttributesAsync_ptsz
     .globl cuMemcpy_ptds
     .type cuMemcpy_ptds, @function
 cuMemcpy_ptds:
@@ -2668,7 +2889,7 @@ cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags:
     .globl cuOccupancyMaxActiveClusters
     .type cuOccupancyMaxActiveClusters, @function
 cuOccupancyMaxActiveClusters:
-    jmp __chidori_driver_cuOccupancyMaxActiveClusters__cu130@PLT
+    jmp __chidori_driver_cuOccupancyMaxActiveClusters__cu135@PLT
     .size cuOccupancyMaxActiveClusters, .-cuOccupancyMaxActiveClusters
     .globl cuOccupancyMaxPotentialBlockSize
     .type cuOccupancyMaxPotentialBlockSize, @function
@@ -2683,7 +2904,7 @@ cuOccupancyMaxPotentialBlockSizeWithFlags:
     .globl cuOccupancyMaxPotentialClusterSize
     .type cuOccupancyMaxPotentialClusterSize, @function
 cuOccupancyMaxPotentialClusterSize:
-    jmp __chidori_driver_cuOccupancyMaxPotentialClusterSize__cu130@PLT
+    jmp __chidori_driver_cuOccupancyMaxPotentialClusterSize__cu135@PLT
     .size cuOccupancyMaxPotentialClusterSize, .-cuOccupancyMaxPotentialClusterSize
     .globl cuParamSetSize
     .type cuParamSetSize, @function
@@ -2738,7 +2959,7 @@ cuProfilerStop:
     .globl cuSignalExternalSemaphoresAsync
     .type cuSignalExternalSemaphoresAsync, @function
 cuSignalExternalSemaphoresAsync:
-    leaq .Lname48(%rip), %rdi
+    leaq .Lname65(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2746,7 +2967,7 @@ cuSignalExternalSemaphoresAsync:
     .globl cuSignalExternalSemaphoresAsync_ptsz
     .type cuSignalExternalSemaphoresAsync_ptsz, @function
 cuSignalExternalSemaphoresAsync_ptsz:
-    leaq .Lname49(%rip), %rdi
+    leaq .Lname66(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2796,6 +3017,22 @@ cuStreamBatchMemOp_v2_ptsz:
 cuStreamBeginCapture:
     jmp __chidori_driver_cuStreamBeginCapture@PLT
     .size cuStreamBeginCapture, .-cuStreamBeginCapture
+    .globl cuStreamBeginCaptureToCig
+    .type cuStreamBeginCaptureToCig, @function
+cuStreamBeginCaptureToCig:
+    leaq .Lname67(%rip), %rdi
+    movq $801, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cuStreamBeginCaptureToCig, .-cuStreamBeginCaptureToCig
+    .globl cuStreamBeginCaptureToCig_ptsz
+    .type cuStreamBeginCaptureToCig_ptsz, @function
+cuStreamBeginCaptureToCig_ptsz:
+    leaq .Lname68(%rip), %rdi
+    movq $801, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cuStreamBeginCaptureToCig_ptsz, .-cuStreamBeginCaptureToCig_ptsz
     .globl cuStreamBeginCaptureToGraph
     .type cuStreamBeginCaptureToGraph, @function
 cuStreamBeginCaptureToGraph:
@@ -2821,6 +3058,22 @@ cuStreamBeginCapture_v2:
 cuStreamBeginCapture_v2_ptsz:
     jmp __chidori_driver_cuStreamBeginCapture_v2_ptsz@PLT
     .size cuStreamBeginCapture_v2_ptsz, .-cuStreamBeginCapture_v2_ptsz
+    .globl cuStreamBeginRecaptureToGraph
+    .type cuStreamBeginRecaptureToGraph, @function
+cuStreamBeginRecaptureToGraph:
+    leaq .Lname69(%rip), %rdi
+    movq $801, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cuStreamBeginRecaptureToGraph, .-cuStreamBeginRecaptureToGraph
+    .globl cuStreamBeginRecaptureToGraph_ptsz
+    .type cuStreamBeginRecaptureToGraph_ptsz, @function
+cuStreamBeginRecaptureToGraph_ptsz:
+    leaq .Lname70(%rip), %rdi
+    movq $801, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cuStreamBeginRecaptureToGraph_ptsz, .-cuStreamBeginRecaptureToGraph_ptsz
     .globl cuStreamCopyAttributes
     .type cuStreamCopyAttributes, @function
 cuStreamCopyAttributes:
@@ -2856,6 +3109,16 @@ cuStreamDestroy_v2:
 cuStreamEndCapture:
     jmp __chidori_driver_cuStreamEndCapture@PLT
     .size cuStreamEndCapture, .-cuStreamEndCapture
+    .globl cuStreamEndCaptureToCig
+    .type cuStreamEndCaptureToCig, @function
+cuStreamEndCaptureToCig:
+    jmp __chidori_driver_cuStreamEndCaptureToCig@PLT
+    .size cuStreamEndCaptureToCig, .-cuStreamEndCaptureToCig
+    .globl cuStreamEndCaptureToCig_ptsz
+    .type cuStreamEndCaptureToCig_ptsz, @function
+cuStreamEndCaptureToCig_ptsz:
+    jmp __chidori_driver_cuStreamEndCaptureToCig_ptsz@PLT
+    .size cuStreamEndCaptureToCig_ptsz, .-cuStreamEndCaptureToCig_ptsz
     .globl cuStreamEndCapture_ptsz
     .type cuStreamEndCapture_ptsz, @function
 cuStreamEndCapture_ptsz:
@@ -2864,12 +3127,12 @@ cuStreamEndCapture_ptsz:
     .globl cuStreamGetAttribute
     .type cuStreamGetAttribute, @function
 cuStreamGetAttribute:
-    jmp __chidori_driver_cuStreamGetAttribute__cu130@PLT
+    jmp __chidori_driver_cuStreamGetAttribute__cu135@PLT
     .size cuStreamGetAttribute, .-cuStreamGetAttribute
     .globl cuStreamGetAttribute_ptsz
     .type cuStreamGetAttribute_ptsz, @function
 cuStreamGetAttribute_ptsz:
-    jmp __chidori_driver_cuStreamGetAttribute_ptsz__cu130@PLT
+    jmp __chidori_driver_cuStreamGetAttribute_ptsz__cu135@PLT
     .size cuStreamGetAttribute_ptsz, .-cuStreamGetAttribute_ptsz
     .globl cuStreamGetCaptureInfo
     .type cuStreamGetCaptureInfo, @function
@@ -2999,12 +3262,12 @@ cuStreamQuery_ptsz:
     .globl cuStreamSetAttribute
     .type cuStreamSetAttribute, @function
 cuStreamSetAttribute:
-    jmp __chidori_driver_cuStreamSetAttribute__cu130@PLT
+    jmp __chidori_driver_cuStreamSetAttribute__cu135@PLT
     .size cuStreamSetAttribute, .-cuStreamSetAttribute
     .globl cuStreamSetAttribute_ptsz
     .type cuStreamSetAttribute_ptsz, @function
 cuStreamSetAttribute_ptsz:
-    jmp __chidori_driver_cuStreamSetAttribute_ptsz__cu130@PLT
+    jmp __chidori_driver_cuStreamSetAttribute_ptsz__cu135@PLT
     .size cuStreamSetAttribute_ptsz, .-cuStreamSetAttribute_ptsz
     .globl cuStreamSynchronize
     .type cuStreamSynchronize, @function
@@ -3171,6 +3434,14 @@ cuTensorMapEncodeTiled:
 cuTensorMapReplaceAddress:
     jmp __chidori_driver_cuTensorMapReplaceAddress@PLT
     .size cuTensorMapReplaceAddress, .-cuTensorMapReplaceAddress
+    .globl cuTensorMapSetAllocationClass
+    .type cuTensorMapSetAllocationClass, @function
+cuTensorMapSetAllocationClass:
+    leaq .Lname71(%rip), %rdi
+    movq $801, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cuTensorMapSetAllocationClass, .-cuTensorMapSetAllocationClass
     .globl cuTexObjectCreate
     .type cuTexObjectCreate, @function
 cuTexObjectCreate:
@@ -3374,7 +3645,7 @@ cuUserObjectRetain:
     .globl cuWaitExternalSemaphoresAsync
     .type cuWaitExternalSemaphoresAsync, @function
 cuWaitExternalSemaphoresAsync:
-    leaq .Lname50(%rip), %rdi
+    leaq .Lname72(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3382,7 +3653,7 @@ cuWaitExternalSemaphoresAsync:
     .globl cuWaitExternalSemaphoresAsync_ptsz
     .type cuWaitExternalSemaphoresAsync_ptsz, @function
 cuWaitExternalSemaphoresAsync_ptsz:
-    leaq .Lname51(%rip), %rdi
+    leaq .Lname73(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3401,107 +3672,151 @@ dlopen:
     .size dlopen, .-dlopen
     .section .rodata
 .Lname0:
-    .asciz "cuCheckpointProcessCheckpoint"
+    .asciz "cuCheckpointOperationComplete"
 .Lname1:
-    .asciz "cuCheckpointProcessLock"
+    .asciz "cuCheckpointProcessCheckpoint"
 .Lname2:
-    .asciz "cuCheckpointProcessRestore"
+    .asciz "cuCheckpointProcessGetRestoreThreadId"
 .Lname3:
-    .asciz "cuCheckpointProcessUnlock"
+    .asciz "cuCheckpointProcessGetState"
 .Lname4:
-    .asciz "cuCoredumpGetAttribute"
+    .asciz "cuCheckpointProcessLock"
 .Lname5:
-    .asciz "cuCoredumpGetAttributeGlobal"
+    .asciz "cuCheckpointProcessRestore"
 .Lname6:
-    .asciz "cuCoredumpSetAttribute"
+    .asciz "cuCheckpointProcessUnlock"
 .Lname7:
-    .asciz "cuCoredumpSetAttributeGlobal"
+    .asciz "cuCoredumpGetAttribute"
 .Lname8:
-    .asciz "cuDeviceGetNvSciSyncAttributes"
+    .asciz "cuCoredumpGetAttributeGlobal"
 .Lname9:
-    .asciz "cuDeviceRegisterAsyncNotification"
+    .asciz "cuCoredumpRegisterCompleteCallback"
 .Lname10:
-    .asciz "cuGraphAddExternalSemaphoresSignalNode"
+    .asciz "cuCoredumpRegisterStartCallback"
 .Lname11:
-    .asciz "cuGraphAddExternalSemaphoresWaitNode"
+    .asciz "cuCoredumpSetAttribute"
 .Lname12:
-    .asciz "cuGraphExecExternalSemaphoresSignalNodeSetParams"
+    .asciz "cuCoredumpSetAttributeGlobal"
 .Lname13:
-    .asciz "cuGraphExecExternalSemaphoresWaitNodeSetParams"
+    .asciz "cuDeviceGetCliqueInfo"
 .Lname14:
-    .asciz "cuGraphExternalSemaphoresSignalNodeGetParams"
+    .asciz "cuDeviceGetFabricClusterUuid"
 .Lname15:
-    .asciz "cuGraphExternalSemaphoresSignalNodeSetParams"
+    .asciz "cuDeviceGetNvSciSyncAttributes"
 .Lname16:
-    .asciz "cuGraphExternalSemaphoresWaitNodeGetParams"
+    .asciz "cuDeviceRegisterAsyncNotification"
 .Lname17:
-    .asciz "cuGraphExternalSemaphoresWaitNodeSetParams"
+    .asciz "cuFabricCpyBatchAsync"
 .Lname18:
-    .asciz "cuGraphicsResourceGetMappedPointer"
+    .asciz "cuFabricCpyBatchAsync_ptsz"
 .Lname19:
-    .asciz "cuGraphicsResourceGetMappedPointer_v2"
+    .asciz "cuGraphAddExternalSemaphoresSignalNode"
 .Lname20:
-    .asciz "cuImportExternalMemory"
+    .asciz "cuGraphAddExternalSemaphoresWaitNode"
 .Lname21:
-    .asciz "cuImportExternalSemaphore"
+    .asciz "cuGraphExecExternalSemaphoresSignalNodeSetParams"
 .Lname22:
-    .asciz "cuIpcGetEventHandle"
+    .asciz "cuGraphExecExternalSemaphoresWaitNodeSetParams"
 .Lname23:
-    .asciz "cuIpcGetMemHandle"
+    .asciz "cuGraphExternalSemaphoresSignalNodeGetParams"
 .Lname24:
-    .asciz "cuLaunchCooperativeKernelMultiDevice"
+    .asciz "cuGraphExternalSemaphoresSignalNodeSetParams"
 .Lname25:
-    .asciz "cuLibraryGetUnifiedFunction"
+    .asciz "cuGraphExternalSemaphoresWaitNodeGetParams"
 .Lname26:
-    .asciz "cuLogsDumpToFile"
+    .asciz "cuGraphExternalSemaphoresWaitNodeSetParams"
 .Lname27:
-    .asciz "cuLogsRegisterCallback"
+    .asciz "cuGraphNodeGetParams"
 .Lname28:
-    .asciz "cuMemAlloc"
+    .asciz "cuGraphicsResourceGetMappedPointer"
 .Lname29:
-    .asciz "cuMemAllocPitch"
+    .asciz "cuGraphicsResourceGetMappedPointer_v2"
 .Lname30:
-    .asciz "cuMemExportToShareableHandle"
+    .asciz "cuImportExternalMemory"
 .Lname31:
-    .asciz "cuMemGetAddressRange"
+    .asciz "cuImportExternalSemaphore"
 .Lname32:
-    .asciz "cuMemGetHandleForAddressRange"
+    .asciz "cuIpcGetEventHandle"
 .Lname33:
-    .asciz "cuMemHostGetDevicePointer"
+    .asciz "cuIpcGetMemHandle"
 .Lname34:
-    .asciz "cuMemImportFromShareableHandle"
+    .asciz "cuLaunchCooperativeKernelMultiDevice"
 .Lname35:
-    .asciz "cuMemPoolExportPointer"
+    .asciz "cuLibraryGetUnifiedFunction"
 .Lname36:
-    .asciz "cuMemPoolExportToShareableHandle"
+    .asciz "cuLogicalEndpointBindAddr"
 .Lname37:
-    .asciz "cuMemPoolImportFromShareableHandle"
+    .asciz "cuLogicalEndpointExport"
 .Lname38:
-    .asciz "cuMemPoolImportPointer"
+    .asciz "cuLogicalEndpointGetLimits"
 .Lname39:
-    .asciz "cuMemcpy2D"
+    .asciz "cuLogicalEndpointIdReserve"
 .Lname40:
-    .asciz "cuMemcpy2DAsync"
+    .asciz "cuLogicalEndpointImport"
 .Lname41:
-    .asciz "cuMemcpy2DUnaligned"
+    .asciz "cuLogicalEndpointQuery"
 .Lname42:
-    .asciz "cuMemcpy3D"
+    .asciz "cuLogsDumpToFile"
 .Lname43:
-    .asciz "cuMemcpy3DAsync"
+    .asciz "cuLogsRegisterCallback"
 .Lname44:
-    .asciz "cuMemcpyDtoH"
+    .asciz "cuMemAlloc"
 .Lname45:
-    .asciz "cuMemcpyDtoHAsync"
+    .asciz "cuMemAllocPitch"
 .Lname46:
-    .asciz "cuMemcpyHtoD"
+    .asciz "cuMemExportToShareableHandle"
 .Lname47:
-    .asciz "cuMemcpyHtoDAsync"
+    .asciz "cuMemGetAddressRange"
 .Lname48:
-    .asciz "cuSignalExternalSemaphoresAsync"
+    .asciz "cuMemGetHandleForAddressRange"
 .Lname49:
-    .asciz "cuSignalExternalSemaphoresAsync_ptsz"
+    .asciz "cuMemGetLocationInfo"
 .Lname50:
-    .asciz "cuWaitExternalSemaphoresAsync"
+    .asciz "cuMemHostGetDevicePointer"
 .Lname51:
+    .asciz "cuMemImportFromShareableHandle"
+.Lname52:
+    .asciz "cuMemPoolExportPointer"
+.Lname53:
+    .asciz "cuMemPoolExportToShareableHandle"
+.Lname54:
+    .asciz "cuMemPoolImportFromShareableHandle"
+.Lname55:
+    .asciz "cuMemPoolImportPointer"
+.Lname56:
+    .asciz "cuMemcpy2D"
+.Lname57:
+    .asciz "cuMemcpy2DAsync"
+.Lname58:
+    .asciz "cuMemcpy2DUnaligned"
+.Lname59:
+    .asciz "cuMemcpy3D"
+.Lname60:
+    .asciz "cuMemcpy3DAsync"
+.Lname61:
+    .asciz "cuMemcpyDtoH"
+.Lname62:
+    .asciz "cuMemcpyDtoHAsync"
+.Lname63:
+    .asciz "cuMemcpyHtoD"
+.Lname64:
+    .asciz "cuMemcpyHtoDAsync"
+.Lname65:
+    .asciz "cuSignalExternalSemaphoresAsync"
+.Lname66:
+    .asciz "cuSignalExternalSemaphoresAsync_ptsz"
+.Lname67:
+    .asciz "cuStreamBeginCaptureToCig"
+.Lname68:
+    .asciz "cuStreamBeginCaptureToCig_ptsz"
+.Lname69:
+    .asciz "cuStreamBeginRecaptureToGraph"
+.Lname70:
+    .asciz "cuStreamBeginRecaptureToGraph_ptsz"
+.Lname71:
+    .asciz "cuTensorMapSetAllocationClass"
+.Lname72:
+    .asciz "cuWaitExternalSemaphoresAsync"
+.Lname73:
     .asciz "cuWaitExternalSemaphoresAsync_ptsz"
     .section .note.GNU-stack,"",@progbits

@@ -1415,7 +1415,7 @@ cudaMemPoolExportToShareableHandle:
     .globl cudaMemPoolGetAccess
     .type cudaMemPoolGetAccess, @function
 cudaMemPoolGetAccess:
-    jmp __chidori_cudart_cudaMemPoolGetAccess@PLT
+    jmp __chidori_cudart_cudaMemPoolGetAccess__cu118@PLT
     .size cudaMemPoolGetAccess, .-cudaMemPoolGetAccess
     .globl cudaMemPoolGetAttribute
     .type cudaMemPoolGetAttribute, @function
@@ -1441,7 +1441,7 @@ cudaMemPoolImportPointer:
     .globl cudaMemPoolSetAccess
     .type cudaMemPoolSetAccess, @function
 cudaMemPoolSetAccess:
-    jmp __chidori_cudart_cudaMemPoolSetAccess@PLT
+    jmp __chidori_cudart_cudaMemPoolSetAccess__cu118@PLT
     .size cudaMemPoolSetAccess, .-cudaMemPoolSetAccess
     .globl cudaMemPoolSetAttribute
     .type cudaMemPoolSetAttribute, @function

@@ -155,7 +155,7 @@ cudaDevResourceGenerateDesc:
     .globl cudaDevSmResourceSplit
     .type cudaDevSmResourceSplit, @function
 cudaDevSmResourceSplit:
-    jmp __chidori_cudart_cudaDevSmResourceSplit@PLT
+    jmp __chidori_cudart_cudaDevSmResourceSplit__cu135@PLT
     .size cudaDevSmResourceSplit, .-cudaDevSmResourceSplit
     .globl cudaDevSmResourceSplitByCount
     .type cudaDevSmResourceSplitByCount, @function
@@ -547,13 +547,18 @@ cudaFreeMipmappedArray:
     .globl cudaFuncGetAttributes
     .type cudaFuncGetAttributes, @function
 cudaFuncGetAttributes:
-    jmp __chidori_cudart_cudaFuncGetAttributes__cu121@PLT
+    jmp __chidori_cudart_cudaFuncGetAttributes__cu135@PLT
     .size cudaFuncGetAttributes, .-cudaFuncGetAttributes
     .globl cudaFuncGetName
     .type cudaFuncGetName, @function
 cudaFuncGetName:
     jmp __chidori_cudart_cudaFuncGetName@PLT
     .size cudaFuncGetName, .-cudaFuncGetName
+    .globl cudaFuncGetParamCount
+    .type cudaFuncGetParamCount, @function
+cudaFuncGetParamCount:
+    jmp __chidori_cudart_cudaFuncGetParamCount@PLT
+    .size cudaFuncGetParamCount, .-cudaFuncGetParamCount
     .globl cudaFuncGetParamInfo
     .type cudaFuncGetParamInfo, @function
 cudaFuncGetParamInfo:
@@ -813,7 +818,7 @@ cudaGraphAddKernelNode:
     .globl cudaGraphAddMemAllocNode
     .type cudaGraphAddMemAllocNode, @function
 cudaGraphAddMemAllocNode:
-    jmp __chidori_cudart_cudaGraphAddMemAllocNode__cu126@PLT
+    jmp __chidori_cudart_cudaGraphAddMemAllocNode__cu135@PLT
     .size cudaGraphAddMemAllocNode, .-cudaGraphAddMemAllocNode
     .globl cudaGraphAddMemFreeNode
     .type cudaGraphAddMemFreeNode, @function
@@ -1091,7 +1096,7 @@ cudaGraphKernelNodeCopyAttributes:
     .globl cudaGraphKernelNodeGetAttribute
     .type cudaGraphKernelNodeGetAttribute, @function
 cudaGraphKernelNodeGetAttribute:
-    jmp __chidori_cudart_cudaGraphKernelNodeGetAttribute__cu130@PLT
+    jmp __chidori_cudart_cudaGraphKernelNodeGetAttribute__cu135@PLT
     .size cudaGraphKernelNodeGetAttribute, .-cudaGraphKernelNodeGetAttribute
     .globl cudaGraphKernelNodeGetParams
     .type cudaGraphKernelNodeGetParams, @function
@@ -1101,7 +1106,7 @@ cudaGraphKernelNodeGetParams:
     .globl cudaGraphKernelNodeSetAttribute
     .type cudaGraphKernelNodeSetAttribute, @function
 cudaGraphKernelNodeSetAttribute:
-    jmp __chidori_cudart_cudaGraphKernelNodeSetAttribute__cu130@PLT
+    jmp __chidori_cudart_cudaGraphKernelNodeSetAttribute__cu135@PLT
     .size cudaGraphKernelNodeSetAttribute, .-cudaGraphKernelNodeSetAttribute
     .globl cudaGraphKernelNodeSetParams
     .type cudaGraphKernelNodeSetParams, @function
@@ -1121,7 +1126,7 @@ cudaGraphLaunch_ptsz:
     .globl cudaGraphMemAllocNodeGetParams
     .type cudaGraphMemAllocNodeGetParams, @function
 cudaGraphMemAllocNodeGetParams:
-    jmp __chidori_cudart_cudaGraphMemAllocNodeGetParams__cu126@PLT
+    jmp __chidori_cudart_cudaGraphMemAllocNodeGetParams__cu135@PLT
     .size cudaGraphMemAllocNodeGetParams, .-cudaGraphMemAllocNodeGetParams
     .globl cudaGraphMemFreeNodeGetParams
     .type cudaGraphMemFreeNodeGetParams, @function
@@ -1193,6 +1198,14 @@ cudaGraphNodeGetEnabled:
 cudaGraphNodeGetLocalId:
     jmp __chidori_cudart_cudaGraphNodeGetLocalId@PLT
     .size cudaGraphNodeGetLocalId, .-cudaGraphNodeGetLocalId
+    .globl cudaGraphNodeGetParams
+    .type cudaGraphNodeGetParams, @function
+cudaGraphNodeGetParams:
+    leaq .Lname34(%rip), %rdi
+    movq $801, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cudaGraphNodeGetParams, .-cudaGraphNodeGetParams
     .globl cudaGraphNodeGetToolsId
     .type cudaGraphNodeGetToolsId, @function
 cudaGraphNodeGetToolsId:
@@ -1241,7 +1254,7 @@ cudaGraphUpload_ptsz:
     .globl cudaGraphicsEGLRegisterImage
     .type cudaGraphicsEGLRegisterImage, @function
 cudaGraphicsEGLRegisterImage:
-    leaq .Lname34(%rip), %rdi
+    leaq .Lname35(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1249,7 +1262,7 @@ cudaGraphicsEGLRegisterImage:
     .globl cudaGraphicsGLRegisterBuffer
     .type cudaGraphicsGLRegisterBuffer, @function
 cudaGraphicsGLRegisterBuffer:
-    leaq .Lname35(%rip), %rdi
+    leaq .Lname36(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1257,7 +1270,7 @@ cudaGraphicsGLRegisterBuffer:
     .globl cudaGraphicsGLRegisterImage
     .type cudaGraphicsGLRegisterImage, @function
 cudaGraphicsGLRegisterImage:
-    leaq .Lname36(%rip), %rdi
+    leaq .Lname37(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1270,7 +1283,7 @@ cudaGraphicsMapResources:
     .globl cudaGraphicsResourceGetMappedEglFrame
     .type cudaGraphicsResourceGetMappedEglFrame, @function
 cudaGraphicsResourceGetMappedEglFrame:
-    leaq .Lname37(%rip), %rdi
+    leaq .Lname38(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1283,7 +1296,7 @@ cudaGraphicsResourceGetMappedMipmappedArray:
     .globl cudaGraphicsResourceGetMappedPointer
     .type cudaGraphicsResourceGetMappedPointer, @function
 cudaGraphicsResourceGetMappedPointer:
-    leaq .Lname38(%rip), %rdi
+    leaq .Lname39(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1311,7 +1324,7 @@ cudaGraphicsUnregisterResource:
     .globl cudaGraphicsVDPAURegisterOutputSurface
     .type cudaGraphicsVDPAURegisterOutputSurface, @function
 cudaGraphicsVDPAURegisterOutputSurface:
-    leaq .Lname39(%rip), %rdi
+    leaq .Lname40(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1319,7 +1332,7 @@ cudaGraphicsVDPAURegisterOutputSurface:
     .globl cudaGraphicsVDPAURegisterVideoSurface
     .type cudaGraphicsVDPAURegisterVideoSurface, @function
 cudaGraphicsVDPAURegisterVideoSurface:
-    leaq .Lname40(%rip), %rdi
+    leaq .Lname41(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1357,7 +1370,7 @@ cudaHostUnregister:
     .globl cudaImportExternalMemory
     .type cudaImportExternalMemory, @function
 cudaImportExternalMemory:
-    leaq .Lname41(%rip), %rdi
+    leaq .Lname42(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1365,7 +1378,7 @@ cudaImportExternalMemory:
     .globl cudaImportExternalSemaphore
     .type cudaImportExternalSemaphore, @function
 cudaImportExternalSemaphore:
-    leaq .Lname42(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1378,7 +1391,7 @@ cudaInitDevice:
     .globl cudaIpcCloseMemHandle
     .type cudaIpcCloseMemHandle, @function
 cudaIpcCloseMemHandle:
-    leaq .Lname43(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1386,7 +1399,7 @@ cudaIpcCloseMemHandle:
     .globl cudaIpcGetEventHandle
     .type cudaIpcGetEventHandle, @function
 cudaIpcGetEventHandle:
-    leaq .Lname44(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1394,7 +1407,7 @@ cudaIpcGetEventHandle:
     .globl cudaIpcGetMemHandle
     .type cudaIpcGetMemHandle, @function
 cudaIpcGetMemHandle:
-    leaq .Lname45(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1407,7 +1420,7 @@ cudaIpcOpenEventHandle:
     .globl cudaIpcOpenMemHandle
     .type cudaIpcOpenMemHandle, @function
 cudaIpcOpenMemHandle:
-    leaq .Lname46(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1437,6 +1450,16 @@ cudaLaunchHostFunc:
 cudaLaunchHostFunc_ptsz:
     jmp __chidori_cudart_cudaLaunchHostFunc_ptsz@PLT
     .size cudaLaunchHostFunc_ptsz, .-cudaLaunchHostFunc_ptsz
+    .globl cudaLaunchHostFunc_v2
+    .type cudaLaunchHostFunc_v2, @function
+cudaLaunchHostFunc_v2:
+    jmp __chidori_cudart_cudaLaunchHostFunc_v2@PLT
+    .size cudaLaunchHostFunc_v2, .-cudaLaunchHostFunc_v2
+    .globl cudaLaunchHostFunc_v2_ptsz
+    .type cudaLaunchHostFunc_v2_ptsz, @function
+cudaLaunchHostFunc_v2_ptsz:
+    jmp __chidori_cudart_cudaLaunchHostFunc_v2_ptsz@PLT
+    .size cudaLaunchHostFunc_v2_ptsz, .-cudaLaunchHostFunc_v2_ptsz
     .globl cudaLaunchKernel
     .type cudaLaunchKernel, @function
 cudaLaunchKernel:
@@ -1445,12 +1468,12 @@ cudaLaunchKernel:
     .globl cudaLaunchKernelExC
     .type cudaLaunchKernelExC, @function
 cudaLaunchKernelExC:
-    jmp __chidori_cudart_cudaLaunchKernelExC__cu130@PLT
+    jmp __chidori_cudart_cudaLaunchKernelExC__cu135@PLT
     .size cudaLaunchKernelExC, .-cudaLaunchKernelExC
     .globl cudaLaunchKernelExC_ptsz
     .type cudaLaunchKernelExC_ptsz, @function
 cudaLaunchKernelExC_ptsz:
-    jmp __chidori_cudart_cudaLaunchKernelExC_ptsz__cu130@PLT
+    jmp __chidori_cudart_cudaLaunchKernelExC_ptsz__cu135@PLT
     .size cudaLaunchKernelExC_ptsz, .-cudaLaunchKernelExC_ptsz
     .globl cudaLaunchKernel_ptsz
     .type cudaLaunchKernel_ptsz, @function
@@ -1485,7 +1508,7 @@ cudaLibraryGetManaged:
     .globl cudaLibraryGetUnifiedFunction
     .type cudaLibraryGetUnifiedFunction, @function
 cudaLibraryGetUnifiedFunction:
-    leaq .Lname47(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1513,7 +1536,7 @@ cudaLogsCurrent:
     .globl cudaLogsDumpToFile
     .type cudaLogsDumpToFile, @function
 cudaLogsDumpToFile:
-    leaq .Lname48(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1526,7 +1549,7 @@ cudaLogsDumpToMemory:
     .globl cudaLogsRegisterCallback
     .type cudaLogsRegisterCallback, @function
 cudaLogsRegisterCallback:
-    leaq .Lname49(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1599,17 +1622,17 @@ cudaMallocPitch:
     .globl cudaMemAdvise
     .type cudaMemAdvise, @function
 cudaMemAdvise:
-    jmp __chidori_cudart_cudaMemAdvise__cu130@PLT
+    jmp __chidori_cudart_cudaMemAdvise__cu135@PLT
     .size cudaMemAdvise, .-cudaMemAdvise
     .globl cudaMemDiscardAndPrefetchBatchAsync
     .type cudaMemDiscardAndPrefetchBatchAsync, @function
 cudaMemDiscardAndPrefetchBatchAsync:
-    jmp __chidori_cudart_cudaMemDiscardAndPrefetchBatchAsync@PLT
+    jmp __chidori_cudart_cudaMemDiscardAndPrefetchBatchAsync__cu135@PLT
     .size cudaMemDiscardAndPrefetchBatchAsync, .-cudaMemDiscardAndPrefetchBatchAsync
     .globl cudaMemDiscardAndPrefetchBatchAsync_ptsz
     .type cudaMemDiscardAndPrefetchBatchAsync_ptsz, @function
 cudaMemDiscardAndPrefetchBatchAsync_ptsz:
-    jmp __chidori_cudart_cudaMemDiscardAndPrefetchBatchAsync_ptsz@PLT
+    jmp __chidori_cudart_cudaMemDiscardAndPrefetchBatchAsync_ptsz__cu135@PLT
     .size cudaMemDiscardAndPrefetchBatchAsync_ptsz, .-cudaMemDiscardAndPrefetchBatchAsync_ptsz
     .globl cudaMemDiscardBatchAsync
     .type cudaMemDiscardBatchAsync, @function
@@ -1624,22 +1647,30 @@ cudaMemDiscardBatchAsync_ptsz:
     .globl cudaMemGetDefaultMemPool
     .type cudaMemGetDefaultMemPool, @function
 cudaMemGetDefaultMemPool:
-    jmp __chidori_cudart_cudaMemGetDefaultMemPool@PLT
+    jmp __chidori_cudart_cudaMemGetDefaultMemPool__cu135@PLT
     .size cudaMemGetDefaultMemPool, .-cudaMemGetDefaultMemPool
     .globl cudaMemGetInfo
     .type cudaMemGetInfo, @function
 cudaMemGetInfo:
     jmp __chidori_cudart_cudaMemGetInfo@PLT
     .size cudaMemGetInfo, .-cudaMemGetInfo
+    .globl cudaMemGetLocationInfo
+    .type cudaMemGetLocationInfo, @function
+cudaMemGetLocationInfo:
+    leaq .Lname51(%rip), %rdi
+    movq $801, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cudaMemGetLocationInfo, .-cudaMemGetLocationInfo
     .globl cudaMemGetMemPool
     .type cudaMemGetMemPool, @function
 cudaMemGetMemPool:
-    jmp __chidori_cudart_cudaMemGetMemPool@PLT
+    jmp __chidori_cudart_cudaMemGetMemPool__cu135@PLT
     .size cudaMemGetMemPool, .-cudaMemGetMemPool
     .globl cudaMemPoolCreate
     .type cudaMemPoolCreate, @function
 cudaMemPoolCreate:
-    jmp __chidori_cudart_cudaMemPoolCreate__cu126@PLT
+    jmp __chidori_cudart_cudaMemPoolCreate__cu135@PLT
     .size cudaMemPoolCreate, .-cudaMemPoolCreate
     .globl cudaMemPoolDestroy
     .type cudaMemPoolDestroy, @function
@@ -1649,7 +1680,7 @@ cudaMemPoolDestroy:
     .globl cudaMemPoolExportPointer
     .type cudaMemPoolExportPointer, @function
 cudaMemPoolExportPointer:
-    leaq .Lname50(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1657,7 +1688,7 @@ cudaMemPoolExportPointer:
     .globl cudaMemPoolExportToShareableHandle
     .type cudaMemPoolExportToShareableHandle, @function
 cudaMemPoolExportToShareableHandle:
-    leaq .Lname51(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1665,7 +1696,7 @@ cudaMemPoolExportToShareableHandle:
     .globl cudaMemPoolGetAccess
     .type cudaMemPoolGetAccess, @function
 cudaMemPoolGetAccess:
-    jmp __chidori_cudart_cudaMemPoolGetAccess@PLT
+    jmp __chidori_cudart_cudaMemPoolGetAccess__cu135@PLT
     .size cudaMemPoolGetAccess, .-cudaMemPoolGetAccess
     .globl cudaMemPoolGetAttribute
     .type cudaMemPoolGetAttribute, @function
@@ -1675,7 +1706,7 @@ cudaMemPoolGetAttribute:
     .globl cudaMemPoolImportFromShareableHandle
     .type cudaMemPoolImportFromShareableHandle, @function
 cudaMemPoolImportFromShareableHandle:
-    leaq .Lname52(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1683,7 +1714,7 @@ cudaMemPoolImportFromShareableHandle:
     .globl cudaMemPoolImportPointer
     .type cudaMemPoolImportPointer, @function
 cudaMemPoolImportPointer:
-    leaq .Lname53(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1691,7 +1722,7 @@ cudaMemPoolImportPointer:
     .globl cudaMemPoolSetAccess
     .type cudaMemPoolSetAccess, @function
 cudaMemPoolSetAccess:
-    jmp __chidori_cudart_cudaMemPoolSetAccess@PLT
+    jmp __chidori_cudart_cudaMemPoolSetAccess__cu135@PLT
     .size cudaMemPoolSetAccess, .-cudaMemPoolSetAccess
     .globl cudaMemPoolSetAttribute
     .type cudaMemPoolSetAttribute, @function
@@ -1706,22 +1737,22 @@ cudaMemPoolTrimTo:
     .globl cudaMemPrefetchAsync
     .type cudaMemPrefetchAsync, @function
 cudaMemPrefetchAsync:
-    jmp __chidori_cudart_cudaMemPrefetchAsync__cu130@PLT
+    jmp __chidori_cudart_cudaMemPrefetchAsync__cu135@PLT
     .size cudaMemPrefetchAsync, .-cudaMemPrefetchAsync
     .globl cudaMemPrefetchAsync_ptsz
     .type cudaMemPrefetchAsync_ptsz, @function
 cudaMemPrefetchAsync_ptsz:
-    jmp __chidori_cudart_cudaMemPrefetchAsync_ptsz__cu130@PLT
+    jmp __chidori_cudart_cudaMemPrefetchAsync_ptsz__cu135@PLT
     .size cudaMemPrefetchAsync_ptsz, .-cudaMemPrefetchAsync_ptsz
     .globl cudaMemPrefetchBatchAsync
     .type cudaMemPrefetchBatchAsync, @function
 cudaMemPrefetchBatchAsync:
-    jmp __chidori_cudart_cudaMemPrefetchBatchAsync@PLT
+    jmp __chidori_cudart_cudaMemPrefetchBatchAsync__cu135@PLT
     .size cudaMemPrefetchBatchAsync, .-cudaMemPrefetchBatchAsync
     .globl cudaMemPrefetchBatchAsync_ptsz
     .type cudaMemPrefetchBatchAsync_ptsz, @function
 cudaMemPrefetchBatchAsync_ptsz:
-    jmp __chidori_cudart_cudaMemPrefetchBatchAsync_ptsz@PLT
+    jmp __chidori_cudart_cudaMemPrefetchBatchAsync_ptsz__cu135@PLT
     .size cudaMemPrefetchBatchAsync_ptsz, .-cudaMemPrefetchBatchAsync_ptsz
     .globl cudaMemRangeGetAttribute
     .type cudaMemRangeGetAttribute, @function
@@ -1736,7 +1767,7 @@ cudaMemRangeGetAttributes:
     .globl cudaMemSetMemPool
     .type cudaMemSetMemPool, @function
 cudaMemSetMemPool:
-    jmp __chidori_cudart_cudaMemSetMemPool@PLT
+    jmp __chidori_cudart_cudaMemSetMemPool__cu135@PLT
     .size cudaMemSetMemPool, .-cudaMemSetMemPool
     .globl cudaMemcpy
     .type cudaMemcpy, @function
@@ -1831,12 +1862,12 @@ cudaMemcpy3DAsync_ptsz:
     .globl cudaMemcpy3DBatchAsync
     .type cudaMemcpy3DBatchAsync, @function
 cudaMemcpy3DBatchAsync:
-    jmp __chidori_cudart_cudaMemcpy3DBatchAsync__cu130@PLT
+    jmp __chidori_cudart_cudaMemcpy3DBatchAsync__cu135@PLT
     .size cudaMemcpy3DBatchAsync, .-cudaMemcpy3DBatchAsync
     .globl cudaMemcpy3DBatchAsync_ptsz
     .type cudaMemcpy3DBatchAsync_ptsz, @function
 cudaMemcpy3DBatchAsync_ptsz:
-    jmp __chidori_cudart_cudaMemcpy3DBatchAsync_ptsz__cu130@PLT
+    jmp __chidori_cudart_cudaMemcpy3DBatchAsync_ptsz__cu135@PLT
     .size cudaMemcpy3DBatchAsync_ptsz, .-cudaMemcpy3DBatchAsync_ptsz
     .globl cudaMemcpy3DPeer
     .type cudaMemcpy3DPeer, @function
@@ -1858,6 +1889,16 @@ cudaMemcpy3DPeerAsync_ptsz:
 cudaMemcpy3DPeer_ptds:
     jmp __chidori_cudart_cudaMemcpy3DPeer_ptds@PLT
     .size cudaMemcpy3DPeer_ptds, .-cudaMemcpy3DPeer_ptds
+    .globl cudaMemcpy3DWithAttributesAsync
+    .type cudaMemcpy3DWithAttributesAsync, @function
+cudaMemcpy3DWithAttributesAsync:
+    jmp __chidori_cudart_cudaMemcpy3DWithAttributesAsync@PLT
+    .size cudaMemcpy3DWithAttributesAsync, .-cudaMemcpy3DWithAttributesAsync
+    .globl cudaMemcpy3DWithAttributesAsync_ptsz
+    .type cudaMemcpy3DWithAttributesAsync_ptsz, @function
+cudaMemcpy3DWithAttributesAsync_ptsz:
+    jmp __chidori_cudart_cudaMemcpy3DWithAttributesAsync_ptsz@PLT
+    .size cudaMemcpy3DWithAttributesAsync_ptsz, .-cudaMemcpy3DWithAttributesAsync_ptsz
     .globl cudaMemcpy3D_ptds
     .type cudaMemcpy3D_ptds, @function
 cudaMemcpy3D_ptds:
@@ -1886,12 +1927,12 @@ cudaMemcpyAsync_ptsz:
     .globl cudaMemcpyBatchAsync
     .type cudaMemcpyBatchAsync, @function
 cudaMemcpyBatchAsync:
-    jmp __chidori_cudart_cudaMemcpyBatchAsync__cu130@PLT
+    jmp __chidori_cudart_cudaMemcpyBatchAsync__cu135@PLT
     .size cudaMemcpyBatchAsync, .-cudaMemcpyBatchAsync
     .globl cudaMemcpyBatchAsync_ptsz
     .type cudaMemcpyBatchAsync_ptsz, @function
 cudaMemcpyBatchAsync_ptsz:
-    jmp __chidori_cudart_cudaMemcpyBatchAsync_ptsz__cu130@PLT
+    jmp __chidori_cudart_cudaMemcpyBatchAsync_ptsz__cu135@PLT
     .size cudaMemcpyBatchAsync_ptsz, .-cudaMemcpyBatchAsync_ptsz
     .globl cudaMemcpyFromArray
     .type cudaMemcpyFromArray, @function
@@ -1983,6 +2024,16 @@ cudaMemcpyToSymbolAsync_ptsz:
 cudaMemcpyToSymbol_ptds:
     jmp __chidori_cudart_cudaMemcpyToSymbol_ptds@PLT
     .size cudaMemcpyToSymbol_ptds, .-cudaMemcpyToSymbol_ptds
+    .globl cudaMemcpyWithAttributesAsync
+    .type cudaMemcpyWithAttributesAsync, @function
+cudaMemcpyWithAttributesAsync:
+    jmp __chidori_cudart_cudaMemcpyWithAttributesAsync@PLT
+    .size cudaMemcpyWithAttributesAsync, .-cudaMemcpyWithAttributesAsync
+    .globl cudaMemcpyWithAttributesAsync_ptsz
+    .type cudaMemcpyWithAttributesAsync_ptsz, @function
+cudaMemcpyWithAttributesAsync_ptsz:
+    jmp __chidori_cudart_cudaMemcpyWithAttributesAsync_ptsz@PLT
+    .size cudaMemcpyWithAttributesAsync_ptsz, .-cudaMemcpyWithAttributesAsync_ptsz
     .globl cudaMemcpy_ptds
     .type cudaMemcpy_ptds, @function
 cudaMemcpy_ptds:
@@ -2076,12 +2127,12 @@ cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags:
     .globl cudaOccupancyMaxActiveClusters
     .type cudaOccupancyMaxActiveClusters, @function
 cudaOccupancyMaxActiveClusters:
-    jmp __chidori_cudart_cudaOccupancyMaxActiveClusters__cu130@PLT
+    jmp __chidori_cudart_cudaOccupancyMaxActiveClusters__cu135@PLT
     .size cudaOccupancyMaxActiveClusters, .-cudaOccupancyMaxActiveClusters
     .globl cudaOccupancyMaxPotentialClusterSize
     .type cudaOccupancyMaxPotentialClusterSize, @function
 cudaOccupancyMaxPotentialClusterSize:
-    jmp __chidori_cudart_cudaOccupancyMaxPotentialClusterSize__cu130@PLT
+    jmp __chidori_cudart_cudaOccupancyMaxPotentialClusterSize__cu135@PLT
     .size cudaOccupancyMaxPotentialClusterSize, .-cudaOccupancyMaxPotentialClusterSize
     .globl cudaPeekAtLastError
     .type cudaPeekAtLastError, @function
@@ -2126,7 +2177,7 @@ cudaSetValidDevices:
     .globl cudaSignalExternalSemaphoresAsync
     .type cudaSignalExternalSemaphoresAsync, @function
 cudaSignalExternalSemaphoresAsync:
-    leaq .Lname54(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2134,7 +2185,7 @@ cudaSignalExternalSemaphoresAsync:
     .globl cudaSignalExternalSemaphoresAsync_ptsz
     .type cudaSignalExternalSemaphoresAsync_ptsz, @function
 cudaSignalExternalSemaphoresAsync_ptsz:
-    leaq .Lname55(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2179,6 +2230,22 @@ cudaStreamBeginCaptureToGraph_ptsz:
 cudaStreamBeginCapture_ptsz:
     jmp __chidori_cudart_cudaStreamBeginCapture_ptsz@PLT
     .size cudaStreamBeginCapture_ptsz, .-cudaStreamBeginCapture_ptsz
+    .globl cudaStreamBeginRecaptureToGraph
+    .type cudaStreamBeginRecaptureToGraph, @function
+cudaStreamBeginRecaptureToGraph:
+    leaq .Lname58(%rip), %rdi
+    movq $801, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cudaStreamBeginRecaptureToGraph, .-cudaStreamBeginRecaptureToGraph
+    .globl cudaStreamBeginRecaptureToGraph_ptsz
+    .type cudaStreamBeginRecaptureToGraph_ptsz, @function
+cudaStreamBeginRecaptureToGraph_ptsz:
+    leaq .Lname59(%rip), %rdi
+    movq $801, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cudaStreamBeginRecaptureToGraph_ptsz, .-cudaStreamBeginRecaptureToGraph_ptsz
     .globl cudaStreamCopyAttributes
     .type cudaStreamCopyAttributes, @function
 cudaStreamCopyAttributes:
@@ -2222,12 +2289,12 @@ cudaStreamEndCapture_ptsz:
     .globl cudaStreamGetAttribute
     .type cudaStreamGetAttribute, @function
 cudaStreamGetAttribute:
-    jmp __chidori_cudart_cudaStreamGetAttribute__cu130@PLT
+    jmp __chidori_cudart_cudaStreamGetAttribute__cu135@PLT
     .size cudaStreamGetAttribute, .-cudaStreamGetAttribute
     .globl cudaStreamGetAttribute_ptsz
     .type cudaStreamGetAttribute_ptsz, @function
 cudaStreamGetAttribute_ptsz:
-    jmp __chidori_cudart_cudaStreamGetAttribute_ptsz__cu130@PLT
+    jmp __chidori_cudart_cudaStreamGetAttribute_ptsz__cu135@PLT
     .size cudaStreamGetAttribute_ptsz, .-cudaStreamGetAttribute_ptsz
     .globl cudaStreamGetCaptureInfo
     .type cudaStreamGetCaptureInfo, @function
@@ -2312,12 +2379,12 @@ cudaStreamQuery_ptsz:
     .globl cudaStreamSetAttribute
     .type cudaStreamSetAttribute, @function
 cudaStreamSetAttribute:
-    jmp __chidori_cudart_cudaStreamSetAttribute__cu130@PLT
+    jmp __chidori_cudart_cudaStreamSetAttribute__cu135@PLT
     .size cudaStreamSetAttribute, .-cudaStreamSetAttribute
     .globl cudaStreamSetAttribute_ptsz
     .type cudaStreamSetAttribute_ptsz, @function
 cudaStreamSetAttribute_ptsz:
-    jmp __chidori_cudart_cudaStreamSetAttribute_ptsz__cu130@PLT
+    jmp __chidori_cudart_cudaStreamSetAttribute_ptsz__cu135@PLT
     .size cudaStreamSetAttribute_ptsz, .-cudaStreamSetAttribute_ptsz
     .globl cudaStreamSynchronize
     .type cudaStreamSynchronize, @function
@@ -2349,6 +2416,30 @@ cudaStreamWaitEvent:
 cudaStreamWaitEvent_ptsz:
     jmp __chidori_cudart_cudaStreamWaitEvent_ptsz@PLT
     .size cudaStreamWaitEvent_ptsz, .-cudaStreamWaitEvent_ptsz
+    .globl cudaSubgridCreate
+    .type cudaSubgridCreate, @function
+cudaSubgridCreate:
+    leaq .Lname60(%rip), %rdi
+    movq $801, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cudaSubgridCreate, .-cudaSubgridCreate
+    .globl cudaSubgridWorkerGridCreate
+    .type cudaSubgridWorkerGridCreate, @function
+cudaSubgridWorkerGridCreate:
+    leaq .Lname61(%rip), %rdi
+    movq $801, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cudaSubgridWorkerGridCreate, .-cudaSubgridWorkerGridCreate
+    .globl cudaSubgridWorksetCreate
+    .type cudaSubgridWorksetCreate, @function
+cudaSubgridWorksetCreate:
+    leaq .Lname62(%rip), %rdi
+    movq $801, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cudaSubgridWorksetCreate, .-cudaSubgridWorksetCreate
     .globl cudaThreadExchangeStreamCaptureMode
     .type cudaThreadExchangeStreamCaptureMode, @function
 cudaThreadExchangeStreamCaptureMode:
@@ -2372,7 +2463,7 @@ cudaUserObjectRetain:
     .globl cudaVDPAUGetDevice
     .type cudaVDPAUGetDevice, @function
 cudaVDPAUGetDevice:
-    leaq .Lname56(%rip), %rdi
+    leaq .Lname63(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2380,7 +2471,7 @@ cudaVDPAUGetDevice:
     .globl cudaVDPAUSetVDPAUDevice
     .type cudaVDPAUSetVDPAUDevice, @function
 cudaVDPAUSetVDPAUDevice:
-    leaq .Lname57(%rip), %rdi
+    leaq .Lname64(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2388,7 +2479,7 @@ cudaVDPAUSetVDPAUDevice:
     .globl cudaWaitExternalSemaphoresAsync
     .type cudaWaitExternalSemaphoresAsync, @function
 cudaWaitExternalSemaphoresAsync:
-    leaq .Lname58(%rip), %rdi
+    leaq .Lname65(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2396,7 +2487,7 @@ cudaWaitExternalSemaphoresAsync:
     .globl cudaWaitExternalSemaphoresAsync_ptsz
     .type cudaWaitExternalSemaphoresAsync_ptsz, @function
 cudaWaitExternalSemaphoresAsync_ptsz:
-    leaq .Lname59(%rip), %rdi
+    leaq .Lname66(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2471,55 +2562,69 @@ cudaWaitExternalSemaphoresAsync_ptsz:
 .Lname33:
     .asciz "cudaGraphExternalSemaphoresWaitNodeSetParams"
 .Lname34:
-    .asciz "cudaGraphicsEGLRegisterImage"
+    .asciz "cudaGraphNodeGetParams"
 .Lname35:
-    .asciz "cudaGraphicsGLRegisterBuffer"
+    .asciz "cudaGraphicsEGLRegisterImage"
 .Lname36:
-    .asciz "cudaGraphicsGLRegisterImage"
+    .asciz "cudaGraphicsGLRegisterBuffer"
 .Lname37:
-    .asciz "cudaGraphicsResourceGetMappedEglFrame"
+    .asciz "cudaGraphicsGLRegisterImage"
 .Lname38:
-    .asciz "cudaGraphicsResourceGetMappedPointer"
+    .asciz "cudaGraphicsResourceGetMappedEglFrame"
 .Lname39:
-    .asciz "cudaGraphicsVDPAURegisterOutputSurface"
+    .asciz "cudaGraphicsResourceGetMappedPointer"
 .Lname40:
-    .asciz "cudaGraphicsVDPAURegisterVideoSurface"
+    .asciz "cudaGraphicsVDPAURegisterOutputSurface"
 .Lname41:
-    .asciz "cudaImportExternalMemory"
+    .asciz "cudaGraphicsVDPAURegisterVideoSurface"
 .Lname42:
-    .asciz "cudaImportExternalSemaphore"
+    .asciz "cudaImportExternalMemory"
 .Lname43:
-    .asciz "cudaIpcCloseMemHandle"
+    .asciz "cudaImportExternalSemaphore"
 .Lname44:
-    .asciz "cudaIpcGetEventHandle"
+    .asciz "cudaIpcCloseMemHandle"
 .Lname45:
-    .asciz "cudaIpcGetMemHandle"
+    .asciz "cudaIpcGetEventHandle"
 .Lname46:
-    .asciz "cudaIpcOpenMemHandle"
+    .asciz "cudaIpcGetMemHandle"
 .Lname47:
-    .asciz "cudaLibraryGetUnifiedFunction"
+    .asciz "cudaIpcOpenMemHandle"
 .Lname48:
-    .asciz "cudaLogsDumpToFile"
+    .asciz "cudaLibraryGetUnifiedFunction"
 .Lname49:
-    .asciz "cudaLogsRegisterCallback"
+    .asciz "cudaLogsDumpToFile"
 .Lname50:
-    .asciz "cudaMemPoolExportPointer"
+    .asciz "cudaLogsRegisterCallback"
 .Lname51:
-    .asciz "cudaMemPoolExportToShareableHandle"
+    .asciz "cudaMemGetLocationInfo"
 .Lname52:
-    .asciz "cudaMemPoolImportFromShareableHandle"
+    .asciz "cudaMemPoolExportPointer"
 .Lname53:
-    .asciz "cudaMemPoolImportPointer"
+    .asciz "cudaMemPoolExportToShareableHandle"
 .Lname54:
-    .asciz "cudaSignalExternalSemaphoresAsync"
+    .asciz "cudaMemPoolImportFromShareableHandle"
 .Lname55:
-    .asciz "cudaSignalExternalSemaphoresAsync_ptsz"
+    .asciz "cudaMemPoolImportPointer"
 .Lname56:
-    .asciz "cudaVDPAUGetDevice"
+    .asciz "cudaSignalExternalSemaphoresAsync"
 .Lname57:
-    .asciz "cudaVDPAUSetVDPAUDevice"
+    .asciz "cudaSignalExternalSemaphoresAsync_ptsz"
 .Lname58:
-    .asciz "cudaWaitExternalSemaphoresAsync"
+    .asciz "cudaStreamBeginRecaptureToGraph"
 .Lname59:
+    .asciz "cudaStreamBeginRecaptureToGraph_ptsz"
+.Lname60:
+    .asciz "cudaSubgridCreate"
+.Lname61:
+    .asciz "cudaSubgridWorkerGridCreate"
+.Lname62:
+    .asciz "cudaSubgridWorksetCreate"
+.Lname63:
+    .asciz "cudaVDPAUGetDevice"
+.Lname64:
+    .asciz "cudaVDPAUSetVDPAUDevice"
+.Lname65:
+    .asciz "cudaWaitExternalSemaphoresAsync"
+.Lname66:
     .asciz "cudaWaitExternalSemaphoresAsync_ptsz"
     .section .note.GNU-stack,"",@progbits

@@ -21,6 +21,22 @@ cudnnAddTensor:
 cudnnAdvVersionCheck:
     jmp __chidori_cudnn_cudnnAdvVersionCheck@PLT
     .size cudnnAdvVersionCheck, .-cudnnAdvVersionCheck
+    .globl cudnnB2BCausalConv1dBackward
+    .type cudnnB2BCausalConv1dBackward, @function
+cudnnB2BCausalConv1dBackward:
+    leaq .Lname0(%rip), %rdi
+    movq $3000, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cudnnB2BCausalConv1dBackward, .-cudnnB2BCausalConv1dBackward
+    .globl cudnnB2BCausalConv1dForward
+    .type cudnnB2BCausalConv1dForward, @function
+cudnnB2BCausalConv1dForward:
+    leaq .Lname1(%rip), %rdi
+    movq $3000, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cudnnB2BCausalConv1dForward, .-cudnnB2BCausalConv1dForward
     .globl cudnnBackendCreateDescriptor
     .type cudnnBackendCreateDescriptor, @function
 cudnnBackendCreateDescriptor:
@@ -106,6 +122,38 @@ cudnnCTCLoss:
 cudnnCTCLoss_v8:
     jmp __chidori_cudnn_cudnnCTCLoss_v8__cu126@PLT
     .size cudnnCTCLoss_v8, .-cudnnCTCLoss_v8
+    .globl cudnnCausalConv1dBackward
+    .type cudnnCausalConv1dBackward, @function
+cudnnCausalConv1dBackward:
+    leaq .Lname2(%rip), %rdi
+    movq $3000, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cudnnCausalConv1dBackward, .-cudnnCausalConv1dBackward
+    .globl cudnnCausalConv1dForward
+    .type cudnnCausalConv1dForward, @function
+cudnnCausalConv1dForward:
+    leaq .Lname3(%rip), %rdi
+    movq $3000, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cudnnCausalConv1dForward, .-cudnnCausalConv1dForward
+    .globl cudnnCausalConv1dNwhBackward
+    .type cudnnCausalConv1dNwhBackward, @function
+cudnnCausalConv1dNwhBackward:
+    leaq .Lname4(%rip), %rdi
+    movq $3000, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cudnnCausalConv1dNwhBackward, .-cudnnCausalConv1dNwhBackward
+    .globl cudnnCausalConv1dNwhForward
+    .type cudnnCausalConv1dNwhForward, @function
+cudnnCausalConv1dNwhForward:
+    leaq .Lname5(%rip), %rdi
+    movq $3000, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cudnnCausalConv1dNwhForward, .-cudnnCausalConv1dNwhForward
     .globl cudnnCnnVersionCheck
     .type cudnnCnnVersionCheck, @function
 cudnnCnnVersionCheck:
@@ -376,6 +424,22 @@ cudnnDropoutGetReserveSpaceSize:
 cudnnDropoutGetStatesSize:
     jmp __chidori_cudnn_cudnnDropoutGetStatesSize__cu126@PLT
     .size cudnnDropoutGetStatesSize, .-cudnnDropoutGetStatesSize
+    .globl cudnnFFTCausalConv1dBackward
+    .type cudnnFFTCausalConv1dBackward, @function
+cudnnFFTCausalConv1dBackward:
+    leaq .Lname6(%rip), %rdi
+    movq $3000, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cudnnFFTCausalConv1dBackward, .-cudnnFFTCausalConv1dBackward
+    .globl cudnnFFTCausalConv1dForward
+    .type cudnnFFTCausalConv1dForward, @function
+cudnnFFTCausalConv1dForward:
+    leaq .Lname7(%rip), %rdi
+    movq $3000, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cudnnFFTCausalConv1dForward, .-cudnnFFTCausalConv1dForward
     .globl cudnnFindConvolutionBackwardDataAlgorithm
     .type cudnnFindConvolutionBackwardDataAlgorithm, @function
 cudnnFindConvolutionBackwardDataAlgorithm:
@@ -429,7 +493,7 @@ cudnnGetAttnDescriptor:
     .globl cudnnGetBackdoor
     .type cudnnGetBackdoor, @function
 cudnnGetBackdoor:
-    leaq .Lname0(%rip), %rdi
+    leaq .Lname8(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -482,7 +546,7 @@ cudnnGetCTCLossWorkspaceSize_v8:
     .globl cudnnGetCallback
     .type cudnnGetCallback, @function
 cudnnGetCallback:
-    leaq .Lname1(%rip), %rdi
+    leaq .Lname9(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -582,6 +646,11 @@ cudnnGetDropoutDescriptor:
 cudnnGetErrorString:
     jmp __chidori_cudnn_cudnnGetErrorString__cu126@PLT
     .size cudnnGetErrorString, .-cudnnGetErrorString
+    .globl cudnnGetExecutionPlanWorkspaceSize
+    .type cudnnGetExecutionPlanWorkspaceSize, @function
+cudnnGetExecutionPlanWorkspaceSize:
+    jmp __chidori_cudnn_cudnnGetExecutionPlanWorkspaceSize@PLT
+    .size cudnnGetExecutionPlanWorkspaceSize, .-cudnnGetExecutionPlanWorkspaceSize
     .globl cudnnGetFilter4dDescriptor
     .type cudnnGetFilter4dDescriptor, @function
 cudnnGetFilter4dDescriptor:
@@ -605,7 +674,7 @@ cudnnGetFoldedConvBackwardDataDescriptors:
     .globl cudnnGetFusedOpsConstParamPackAttribute
     .type cudnnGetFusedOpsConstParamPackAttribute, @function
 cudnnGetFusedOpsConstParamPackAttribute:
-    leaq .Lname2(%rip), %rdi
+    leaq .Lname10(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -613,7 +682,7 @@ cudnnGetFusedOpsConstParamPackAttribute:
     .globl cudnnGetFusedOpsVariantParamPackAttribute
     .type cudnnGetFusedOpsVariantParamPackAttribute, @function
 cudnnGetFusedOpsVariantParamPackAttribute:
-    leaq .Lname3(%rip), %rdi
+    leaq .Lname11(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -691,7 +760,7 @@ cudnnGetProperty:
     .globl cudnnGetRNNDataDescriptor
     .type cudnnGetRNNDataDescriptor, @function
 cudnnGetRNNDataDescriptor:
-    leaq .Lname4(%rip), %rdi
+    leaq .Lname12(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -704,7 +773,7 @@ cudnnGetRNNDescriptor_v8:
     .globl cudnnGetRNNDropoutLocationsInternal
     .type cudnnGetRNNDropoutLocationsInternal, @function
 cudnnGetRNNDropoutLocationsInternal:
-    leaq .Lname5(%rip), %rdi
+    leaq .Lname13(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -742,7 +811,7 @@ cudnnGetReductionWorkspaceSize:
     .globl cudnnGetSeqDataDescriptor
     .type cudnnGetSeqDataDescriptor, @function
 cudnnGetSeqDataDescriptor:
-    leaq .Lname6(%rip), %rdi
+    leaq .Lname14(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -777,6 +846,54 @@ cudnnGetTensorTransformDescriptor:
 cudnnGetVersion:
     jmp __chidori_cudnn_cudnnGetVersion__cu126@PLT
     .size cudnnGetVersion, .-cudnnGetVersion
+    .globl cudnnGnnAggSimpleBackward
+    .type cudnnGnnAggSimpleBackward, @function
+cudnnGnnAggSimpleBackward:
+    leaq .Lname15(%rip), %rdi
+    movq $3000, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cudnnGnnAggSimpleBackward, .-cudnnGnnAggSimpleBackward
+    .globl cudnnGnnAggSimpleForward
+    .type cudnnGnnAggSimpleForward, @function
+cudnnGnnAggSimpleForward:
+    leaq .Lname16(%rip), %rdi
+    movq $3000, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cudnnGnnAggSimpleForward, .-cudnnGnnAggSimpleForward
+    .globl cudnnGnnMhaGatBackward
+    .type cudnnGnnMhaGatBackward, @function
+cudnnGnnMhaGatBackward:
+    leaq .Lname17(%rip), %rdi
+    movq $3000, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cudnnGnnMhaGatBackward, .-cudnnGnnMhaGatBackward
+    .globl cudnnGnnMhaGatForward
+    .type cudnnGnnMhaGatForward, @function
+cudnnGnnMhaGatForward:
+    leaq .Lname18(%rip), %rdi
+    movq $3000, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cudnnGnnMhaGatForward, .-cudnnGnnMhaGatForward
+    .globl cudnnGnnMhaGatV2Backward
+    .type cudnnGnnMhaGatV2Backward, @function
+cudnnGnnMhaGatV2Backward:
+    leaq .Lname19(%rip), %rdi
+    movq $3000, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cudnnGnnMhaGatV2Backward, .-cudnnGnnMhaGatV2Backward
+    .globl cudnnGnnMhaGatV2Forward
+    .type cudnnGnnMhaGatV2Forward, @function
+cudnnGnnMhaGatV2Forward:
+    leaq .Lname20(%rip), %rdi
+    movq $3000, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cudnnGnnMhaGatV2Forward, .-cudnnGnnMhaGatV2Forward
     .globl cudnnGraphVersionCheck
     .type cudnnGraphVersionCheck, @function
 cudnnGraphVersionCheck:
@@ -802,6 +919,30 @@ cudnnLRNCrossChannelBackward:
 cudnnLRNCrossChannelForward:
     jmp __chidori_cudnn_cudnnLRNCrossChannelForward__cu126@PLT
     .size cudnnLRNCrossChannelForward, .-cudnnLRNCrossChannelForward
+    .globl cudnnLongFFTCausalConv1dBackward
+    .type cudnnLongFFTCausalConv1dBackward, @function
+cudnnLongFFTCausalConv1dBackward:
+    leaq .Lname21(%rip), %rdi
+    movq $3000, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cudnnLongFFTCausalConv1dBackward, .-cudnnLongFFTCausalConv1dBackward
+    .globl cudnnLongFFTCausalConv1dForward
+    .type cudnnLongFFTCausalConv1dForward, @function
+cudnnLongFFTCausalConv1dForward:
+    leaq .Lname22(%rip), %rdi
+    movq $3000, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cudnnLongFFTCausalConv1dForward, .-cudnnLongFFTCausalConv1dForward
+    .globl cudnnLongFFTCausalConv1dGetBufferSizes
+    .type cudnnLongFFTCausalConv1dGetBufferSizes, @function
+cudnnLongFFTCausalConv1dGetBufferSizes:
+    leaq .Lname23(%rip), %rdi
+    movq $3000, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cudnnLongFFTCausalConv1dGetBufferSizes, .-cudnnLongFFTCausalConv1dGetBufferSizes
     .globl cudnnMakeFusedOpsPlan
     .type cudnnMakeFusedOpsPlan, @function
 cudnnMakeFusedOpsPlan:
@@ -810,7 +951,7 @@ cudnnMakeFusedOpsPlan:
     .globl cudnnMultiHeadAttnBackwardData
     .type cudnnMultiHeadAttnBackwardData, @function
 cudnnMultiHeadAttnBackwardData:
-    leaq .Lname7(%rip), %rdi
+    leaq .Lname24(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -823,7 +964,7 @@ cudnnMultiHeadAttnBackwardWeights:
     .globl cudnnMultiHeadAttnForward
     .type cudnnMultiHeadAttnForward, @function
 cudnnMultiHeadAttnForward:
-    leaq .Lname8(%rip), %rdi
+    leaq .Lname25(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -941,7 +1082,7 @@ cudnnSetAttnDescriptor:
     .globl cudnnSetBackdoor
     .type cudnnSetBackdoor, @function
 cudnnSetBackdoor:
-    leaq .Lname9(%rip), %rdi
+    leaq .Lname26(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -949,7 +1090,7 @@ cudnnSetBackdoor:
     .globl cudnnSetBackdoorEx
     .type cudnnSetBackdoorEx, @function
 cudnnSetBackdoorEx:
-    leaq .Lname10(%rip), %rdi
+    leaq .Lname27(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -977,7 +1118,7 @@ cudnnSetCTCLossDescriptor_v9:
     .globl cudnnSetCallback
     .type cudnnSetCallback, @function
 cudnnSetCallback:
-    leaq .Lname11(%rip), %rdi
+    leaq .Lname28(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1025,7 +1166,7 @@ cudnnSetFilterNdDescriptor:
     .globl cudnnSetFusedOpsConstParamPackAttribute
     .type cudnnSetFusedOpsConstParamPackAttribute, @function
 cudnnSetFusedOpsConstParamPackAttribute:
-    leaq .Lname12(%rip), %rdi
+    leaq .Lname29(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1033,7 +1174,7 @@ cudnnSetFusedOpsConstParamPackAttribute:
     .globl cudnnSetFusedOpsVariantParamPackAttribute
     .type cudnnSetFusedOpsVariantParamPackAttribute, @function
 cudnnSetFusedOpsVariantParamPackAttribute:
-    leaq .Lname13(%rip), %rdi
+    leaq .Lname30(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1148,6 +1289,14 @@ cudnnSpatialTfSamplerBackward:
 cudnnSpatialTfSamplerForward:
     jmp __chidori_cudnn_cudnnSpatialTfSamplerForward__cu126@PLT
     .size cudnnSpatialTfSamplerForward, .-cudnnSpatialTfSamplerForward
+    .globl cudnnSubquadraticOpsVersionCheck
+    .type cudnnSubquadraticOpsVersionCheck, @function
+cudnnSubquadraticOpsVersionCheck:
+    leaq .Lname31(%rip), %rdi
+    movq $3000, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cudnnSubquadraticOpsVersionCheck, .-cudnnSubquadraticOpsVersionCheck
     .globl cudnnTransformFilter
     .type cudnnTransformFilter, @function
 cudnnTransformFilter:
@@ -1165,31 +1314,67 @@ cudnnTransformTensorEx:
     .size cudnnTransformTensorEx, .-cudnnTransformTensorEx
     .section .rodata
 .Lname0:
-    .asciz "cudnnGetBackdoor"
+    .asciz "cudnnB2BCausalConv1dBackward"
 .Lname1:
-    .asciz "cudnnGetCallback"
+    .asciz "cudnnB2BCausalConv1dForward"
 .Lname2:
-    .asciz "cudnnGetFusedOpsConstParamPackAttribute"
+    .asciz "cudnnCausalConv1dBackward"
 .Lname3:
-    .asciz "cudnnGetFusedOpsVariantParamPackAttribute"
+    .asciz "cudnnCausalConv1dForward"
 .Lname4:
-    .asciz "cudnnGetRNNDataDescriptor"
+    .asciz "cudnnCausalConv1dNwhBackward"
 .Lname5:
-    .asciz "cudnnGetRNNDropoutLocationsInternal"
+    .asciz "cudnnCausalConv1dNwhForward"
 .Lname6:
-    .asciz "cudnnGetSeqDataDescriptor"
+    .asciz "cudnnFFTCausalConv1dBackward"
 .Lname7:
-    .asciz "cudnnMultiHeadAttnBackwardData"
+    .asciz "cudnnFFTCausalConv1dForward"
 .Lname8:
-    .asciz "cudnnMultiHeadAttnForward"
+    .asciz "cudnnGetBackdoor"
 .Lname9:
-    .asciz "cudnnSetBackdoor"
+    .asciz "cudnnGetCallback"
 .Lname10:
-    .asciz "cudnnSetBackdoorEx"
+    .asciz "cudnnGetFusedOpsConstParamPackAttribute"
 .Lname11:
-    .asciz "cudnnSetCallback"
+    .asciz "cudnnGetFusedOpsVariantParamPackAttribute"
 .Lname12:
-    .asciz "cudnnSetFusedOpsConstParamPackAttribute"
+    .asciz "cudnnGetRNNDataDescriptor"
 .Lname13:
+    .asciz "cudnnGetRNNDropoutLocationsInternal"
+.Lname14:
+    .asciz "cudnnGetSeqDataDescriptor"
+.Lname15:
+    .asciz "cudnnGnnAggSimpleBackward"
+.Lname16:
+    .asciz "cudnnGnnAggSimpleForward"
+.Lname17:
+    .asciz "cudnnGnnMhaGatBackward"
+.Lname18:
+    .asciz "cudnnGnnMhaGatForward"
+.Lname19:
+    .asciz "cudnnGnnMhaGatV2Backward"
+.Lname20:
+    .asciz "cudnnGnnMhaGatV2Forward"
+.Lname21:
+    .asciz "cudnnLongFFTCausalConv1dBackward"
+.Lname22:
+    .asciz "cudnnLongFFTCausalConv1dForward"
+.Lname23:
+    .asciz "cudnnLongFFTCausalConv1dGetBufferSizes"
+.Lname24:
+    .asciz "cudnnMultiHeadAttnBackwardData"
+.Lname25:
+    .asciz "cudnnMultiHeadAttnForward"
+.Lname26:
+    .asciz "cudnnSetBackdoor"
+.Lname27:
+    .asciz "cudnnSetBackdoorEx"
+.Lname28:
+    .asciz "cudnnSetCallback"
+.Lname29:
+    .asciz "cudnnSetFusedOpsConstParamPackAttribute"
+.Lname30:
     .asciz "cudnnSetFusedOpsVariantParamPackAttribute"
+.Lname31:
+    .asciz "cudnnSubquadraticOpsVersionCheck"
     .section .note.GNU-stack,"",@progbits

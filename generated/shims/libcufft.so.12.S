@@ -22,10 +22,18 @@ cufftDescriptionCreate:
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cufftDescriptionCreate, .-cufftDescriptionCreate
+    .globl cufftDescriptionDestroy
+    .type cufftDescriptionDestroy, @function
+cufftDescriptionDestroy:
+    leaq .Lname2(%rip), %rdi
+    movq $16, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cufftDescriptionDestroy, .-cufftDescriptionDestroy
     .globl cufftDescriptionGetTraitInt64
     .type cufftDescriptionGetTraitInt64, @function
 cufftDescriptionGetTraitInt64:
-    leaq .Lname2(%rip), %rdi
+    leaq .Lname3(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -33,7 +41,7 @@ cufftDescriptionGetTraitInt64:
     .globl cufftDescriptionSetTraitInt64
     .type cufftDescriptionSetTraitInt64, @function
 cufftDescriptionSetTraitInt64:
-    leaq .Lname3(%rip), %rdi
+    leaq .Lname4(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -46,7 +54,7 @@ cufftDestroy:
     .globl cufftDeviceCreate
     .type cufftDeviceCreate, @function
 cufftDeviceCreate:
-    leaq .Lname4(%rip), %rdi
+    leaq .Lname5(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -54,7 +62,7 @@ cufftDeviceCreate:
     .globl cufftDeviceDestroy
     .type cufftDeviceDestroy, @function
 cufftDeviceDestroy:
-    leaq .Lname5(%rip), %rdi
+    leaq .Lname6(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -62,7 +70,7 @@ cufftDeviceDestroy:
     .globl cufftDeviceGetDatabaseStr
     .type cufftDeviceGetDatabaseStr, @function
 cufftDeviceGetDatabaseStr:
-    leaq .Lname6(%rip), %rdi
+    leaq .Lname7(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -70,7 +78,7 @@ cufftDeviceGetDatabaseStr:
     .globl cufftDeviceGetDatabaseStrSize
     .type cufftDeviceGetDatabaseStrSize, @function
 cufftDeviceGetDatabaseStrSize:
-    leaq .Lname7(%rip), %rdi
+    leaq .Lname8(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -78,7 +86,7 @@ cufftDeviceGetDatabaseStrSize:
     .globl cufftDeviceGetDeviceFunctionTraitInt64
     .type cufftDeviceGetDeviceFunctionTraitInt64, @function
 cufftDeviceGetDeviceFunctionTraitInt64:
-    leaq .Lname8(%rip), %rdi
+    leaq .Lname9(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -86,7 +94,7 @@ cufftDeviceGetDeviceFunctionTraitInt64:
     .globl cufftDeviceGetDeviceFunctions
     .type cufftDeviceGetDeviceFunctions, @function
 cufftDeviceGetDeviceFunctions:
-    leaq .Lname9(%rip), %rdi
+    leaq .Lname10(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -94,7 +102,7 @@ cufftDeviceGetDeviceFunctions:
     .globl cufftDeviceGetLTOIRSizes
     .type cufftDeviceGetLTOIRSizes, @function
 cufftDeviceGetLTOIRSizes:
-    leaq .Lname10(%rip), %rdi
+    leaq .Lname11(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -102,7 +110,7 @@ cufftDeviceGetLTOIRSizes:
     .globl cufftDeviceGetLTOIRs
     .type cufftDeviceGetLTOIRs, @function
 cufftDeviceGetLTOIRs:
-    leaq .Lname11(%rip), %rdi
+    leaq .Lname12(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -110,7 +118,7 @@ cufftDeviceGetLTOIRs:
     .globl cufftDeviceGetNumDeviceFunctions
     .type cufftDeviceGetNumDeviceFunctions, @function
 cufftDeviceGetNumDeviceFunctions:
-    leaq .Lname12(%rip), %rdi
+    leaq .Lname13(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -118,15 +126,23 @@ cufftDeviceGetNumDeviceFunctions:
     .globl cufftDeviceGetNumLTOIRs
     .type cufftDeviceGetNumLTOIRs, @function
 cufftDeviceGetNumLTOIRs:
-    leaq .Lname13(%rip), %rdi
+    leaq .Lname14(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cufftDeviceGetNumLTOIRs, .-cufftDeviceGetNumLTOIRs
+    .globl cufftDeviceGetSemanticVersion
+    .type cufftDeviceGetSemanticVersion, @function
+cufftDeviceGetSemanticVersion:
+    leaq .Lname15(%rip), %rdi
+    movq $16, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cufftDeviceGetSemanticVersion, .-cufftDeviceGetSemanticVersion
     .globl cufftDeviceGetVersion
     .type cufftDeviceGetVersion, @function
 cufftDeviceGetVersion:
-    leaq .Lname14(%rip), %rdi
+    leaq .Lname16(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -134,7 +150,7 @@ cufftDeviceGetVersion:
     .globl cufftDeviceIsSupported
     .type cufftDeviceIsSupported, @function
 cufftDeviceIsSupported:
-    leaq .Lname15(%rip), %rdi
+    leaq .Lname17(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -317,7 +333,7 @@ cufftXtExec:
     .globl cufftXtExecDescriptor
     .type cufftXtExecDescriptor, @function
 cufftXtExecDescriptor:
-    leaq .Lname16(%rip), %rdi
+    leaq .Lname18(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -325,7 +341,7 @@ cufftXtExecDescriptor:
     .globl cufftXtExecDescriptorC2C
     .type cufftXtExecDescriptorC2C, @function
 cufftXtExecDescriptorC2C:
-    leaq .Lname17(%rip), %rdi
+    leaq .Lname19(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -333,7 +349,7 @@ cufftXtExecDescriptorC2C:
     .globl cufftXtExecDescriptorC2R
     .type cufftXtExecDescriptorC2R, @function
 cufftXtExecDescriptorC2R:
-    leaq .Lname18(%rip), %rdi
+    leaq .Lname20(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -341,7 +357,7 @@ cufftXtExecDescriptorC2R:
     .globl cufftXtExecDescriptorD2Z
     .type cufftXtExecDescriptorD2Z, @function
 cufftXtExecDescriptorD2Z:
-    leaq .Lname19(%rip), %rdi
+    leaq .Lname21(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -349,7 +365,7 @@ cufftXtExecDescriptorD2Z:
     .globl cufftXtExecDescriptorR2C
     .type cufftXtExecDescriptorR2C, @function
 cufftXtExecDescriptorR2C:
-    leaq .Lname20(%rip), %rdi
+    leaq .Lname22(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -357,7 +373,7 @@ cufftXtExecDescriptorR2C:
     .globl cufftXtExecDescriptorZ2D
     .type cufftXtExecDescriptorZ2D, @function
 cufftXtExecDescriptorZ2D:
-    leaq .Lname21(%rip), %rdi
+    leaq .Lname23(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -365,7 +381,7 @@ cufftXtExecDescriptorZ2D:
     .globl cufftXtExecDescriptorZ2Z
     .type cufftXtExecDescriptorZ2Z, @function
 cufftXtExecDescriptorZ2Z:
-    leaq .Lname22(%rip), %rdi
+    leaq .Lname24(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -373,7 +389,7 @@ cufftXtExecDescriptorZ2Z:
     .globl cufftXtFree
     .type cufftXtFree, @function
 cufftXtFree:
-    leaq .Lname23(%rip), %rdi
+    leaq .Lname25(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -386,7 +402,7 @@ cufftXtGetSizeMany:
     .globl cufftXtMakePlanGuru64
     .type cufftXtMakePlanGuru64, @function
 cufftXtMakePlanGuru64:
-    leaq .Lname24(%rip), %rdi
+    leaq .Lname26(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -399,7 +415,7 @@ cufftXtMakePlanMany:
     .globl cufftXtMalloc
     .type cufftXtMalloc, @function
 cufftXtMalloc:
-    leaq .Lname25(%rip), %rdi
+    leaq .Lname27(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -407,7 +423,7 @@ cufftXtMalloc:
     .globl cufftXtMemcpy
     .type cufftXtMemcpy, @function
 cufftXtMemcpy:
-    leaq .Lname26(%rip), %rdi
+    leaq .Lname28(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -430,7 +446,7 @@ cufftXtSetCallbackSharedSize:
     .globl cufftXtSetGPUs
     .type cufftXtSetGPUs, @function
 cufftXtSetGPUs:
-    leaq .Lname27(%rip), %rdi
+    leaq .Lname29(%rip), %rdi
     movq $16, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -456,55 +472,59 @@ cufftXtSetWorkAreaPolicy:
 .Lname1:
     .asciz "cufftDescriptionCreate"
 .Lname2:
-    .asciz "cufftDescriptionGetTraitInt64"
+    .asciz "cufftDescriptionDestroy"
 .Lname3:
-    .asciz "cufftDescriptionSetTraitInt64"
+    .asciz "cufftDescriptionGetTraitInt64"
 .Lname4:
-    .asciz "cufftDeviceCreate"
+    .asciz "cufftDescriptionSetTraitInt64"
 .Lname5:
-    .asciz "cufftDeviceDestroy"
+    .asciz "cufftDeviceCreate"
 .Lname6:
-    .asciz "cufftDeviceGetDatabaseStr"
+    .asciz "cufftDeviceDestroy"
 .Lname7:
-    .asciz "cufftDeviceGetDatabaseStrSize"
+    .asciz "cufftDeviceGetDatabaseStr"
 .Lname8:
-    .asciz "cufftDeviceGetDeviceFunctionTraitInt64"
+    .asciz "cufftDeviceGetDatabaseStrSize"
 .Lname9:
-    .asciz "cufftDeviceGetDeviceFunctions"
+    .asciz "cufftDeviceGetDeviceFunctionTraitInt64"
 .Lname10:
-    .asciz "cufftDeviceGetLTOIRSizes"
+    .asciz "cufftDeviceGetDeviceFunctions"
 .Lname11:
-    .asciz "cufftDeviceGetLTOIRs"
+    .asciz "cufftDeviceGetLTOIRSizes"
 .Lname12:
-    .asciz "cufftDeviceGetNumDeviceFunctions"
+    .asciz "cufftDeviceGetLTOIRs"
 .Lname13:
-    .asciz "cufftDeviceGetNumLTOIRs"
+    .asciz "cufftDeviceGetNumDeviceFunctions"
 .Lname14:
-    .asciz "cufftDeviceGetVersion"
+    .asciz "cufftDeviceGetNumLTOIRs"
 .Lname15:
-    .asciz "cufftDeviceIsSupported"
+    .asciz "cufftDeviceGetSemanticVersion"
 .Lname16:
-    .asciz "cufftXtExecDescriptor"
+    .asciz "cufftDeviceGetVersion"
 .Lname17:
-    .asciz "cufftXtExecDescriptorC2C"
+    .asciz "cufftDeviceIsSupported"
 .Lname18:
-    .asciz "cufftXtExecDescriptorC2R"
+    .asciz "cufftXtExecDescriptor"
 .Lname19:
-    .asciz "cufftXtExecDescriptorD2Z"
+    .asciz "cufftXtExecDescriptorC2C"
 .Lname20:
-    .asciz "cufftXtExecDescriptorR2C"
+    .asciz "cufftXtExecDescriptorC2R"
 .Lname21:
-    .asciz "cufftXtExecDescriptorZ2D"
+    .asciz "cufftXtExecDescriptorD2Z"
 .Lname22:
-    .asciz "cufftXtExecDescriptorZ2Z"
+    .asciz "cufftXtExecDescriptorR2C"
 .Lname23:
-    .asciz "cufftXtFree"
+    .asciz "cufftXtExecDescriptorZ2D"
 .Lname24:
-    .asciz "cufftXtMakePlanGuru64"
+    .asciz "cufftXtExecDescriptorZ2Z"
 .Lname25:
-    .asciz "cufftXtMalloc"
+    .asciz "cufftXtFree"
 .Lname26:
-    .asciz "cufftXtMemcpy"
+    .asciz "cufftXtMakePlanGuru64"
 .Lname27:
+    .asciz "cufftXtMalloc"
+.Lname28:
+    .asciz "cufftXtMemcpy"
+.Lname29:
     .asciz "cufftXtSetGPUs"
     .section .note.GNU-stack,"",@progbits

@@ -169,10 +169,18 @@ cuFileDriverSetPollMode:
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cuFileDriverSetPollMode, .-cuFileDriverSetPollMode
+    .globl cuFileExportPCIeTopology
+    .type cuFileExportPCIeTopology, @function
+cuFileExportPCIeTopology:
+    leaq .Lname21(%rip), %rdi
+    movq $5007, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cuFileExportPCIeTopology, .-cuFileExportPCIeTopology
     .globl cuFileGetBARSizeInKB
     .type cuFileGetBARSizeInKB, @function
 cuFileGetBARSizeInKB:
-    leaq .Lname21(%rip), %rdi
+    leaq .Lname22(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -180,15 +188,23 @@ cuFileGetBARSizeInKB:
     .globl cuFileGetParameterBool
     .type cuFileGetParameterBool, @function
 cuFileGetParameterBool:
-    leaq .Lname22(%rip), %rdi
+    leaq .Lname23(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cuFileGetParameterBool, .-cuFileGetParameterBool
+    .globl cuFileGetParameterGpuBounceBufferSlabArray
+    .type cuFileGetParameterGpuBounceBufferSlabArray, @function
+cuFileGetParameterGpuBounceBufferSlabArray:
+    leaq .Lname24(%rip), %rdi
+    movq $5007, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cuFileGetParameterGpuBounceBufferSlabArray, .-cuFileGetParameterGpuBounceBufferSlabArray
     .globl cuFileGetParameterMinMaxValue
     .type cuFileGetParameterMinMaxValue, @function
 cuFileGetParameterMinMaxValue:
-    leaq .Lname23(%rip), %rdi
+    leaq .Lname25(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -196,7 +212,7 @@ cuFileGetParameterMinMaxValue:
     .globl cuFileGetParameterPosixPoolSlabArray
     .type cuFileGetParameterPosixPoolSlabArray, @function
 cuFileGetParameterPosixPoolSlabArray:
-    leaq .Lname24(%rip), %rdi
+    leaq .Lname26(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -204,7 +220,7 @@ cuFileGetParameterPosixPoolSlabArray:
     .globl cuFileGetParameterSizeT
     .type cuFileGetParameterSizeT, @function
 cuFileGetParameterSizeT:
-    leaq .Lname25(%rip), %rdi
+    leaq .Lname27(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -212,7 +228,7 @@ cuFileGetParameterSizeT:
     .globl cuFileGetParameterString
     .type cuFileGetParameterString, @function
 cuFileGetParameterString:
-    leaq .Lname26(%rip), %rdi
+    leaq .Lname28(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -220,7 +236,7 @@ cuFileGetParameterString:
     .globl cuFileGetStatsL1
     .type cuFileGetStatsL1, @function
 cuFileGetStatsL1:
-    leaq .Lname27(%rip), %rdi
+    leaq .Lname29(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -228,7 +244,7 @@ cuFileGetStatsL1:
     .globl cuFileGetStatsL2
     .type cuFileGetStatsL2, @function
 cuFileGetStatsL2:
-    leaq .Lname28(%rip), %rdi
+    leaq .Lname30(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -236,7 +252,7 @@ cuFileGetStatsL2:
     .globl cuFileGetStatsL3
     .type cuFileGetStatsL3, @function
 cuFileGetStatsL3:
-    leaq .Lname29(%rip), %rdi
+    leaq .Lname31(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -244,7 +260,7 @@ cuFileGetStatsL3:
     .globl cuFileGetStatsLevel
     .type cuFileGetStatsLevel, @function
 cuFileGetStatsLevel:
-    leaq .Lname30(%rip), %rdi
+    leaq .Lname32(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -252,7 +268,7 @@ cuFileGetStatsLevel:
     .globl cuFileGetVersion
     .type cuFileGetVersion, @function
 cuFileGetVersion:
-    leaq .Lname31(%rip), %rdi
+    leaq .Lname33(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -260,7 +276,7 @@ cuFileGetVersion:
     .globl cuFileGpuWaitValue32
     .type cuFileGpuWaitValue32, @function
 cuFileGpuWaitValue32:
-    leaq .Lname32(%rip), %rdi
+    leaq .Lname34(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -268,7 +284,7 @@ cuFileGpuWaitValue32:
     .globl cuFileHandleDeregister
     .type cuFileHandleDeregister, @function
 cuFileHandleDeregister:
-    leaq .Lname33(%rip), %rdi
+    leaq .Lname35(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -276,7 +292,7 @@ cuFileHandleDeregister:
     .globl cuFileHandleRegister
     .type cuFileHandleRegister, @function
 cuFileHandleRegister:
-    leaq .Lname34(%rip), %rdi
+    leaq .Lname36(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -284,15 +300,39 @@ cuFileHandleRegister:
     .globl cuFileInlineGpu
     .type cuFileInlineGpu, @function
 cuFileInlineGpu:
-    leaq .Lname35(%rip), %rdi
+    leaq .Lname37(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cuFileInlineGpu, .-cuFileInlineGpu
+    .globl cuFileObjectDriverOpen
+    .type cuFileObjectDriverOpen, @function
+cuFileObjectDriverOpen:
+    leaq .Lname38(%rip), %rdi
+    movq $5007, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cuFileObjectDriverOpen, .-cuFileObjectDriverOpen
+    .globl cuFileObjectDriverOpenForDiagnostics
+    .type cuFileObjectDriverOpenForDiagnostics, @function
+cuFileObjectDriverOpenForDiagnostics:
+    leaq .Lname39(%rip), %rdi
+    movq $5007, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cuFileObjectDriverOpenForDiagnostics, .-cuFileObjectDriverOpenForDiagnostics
+    .globl cuFileObjectInitialize
+    .type cuFileObjectInitialize, @function
+cuFileObjectInitialize:
+    leaq .Lname40(%rip), %rdi
+    movq $5007, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cuFileObjectInitialize, .-cuFileObjectInitialize
     .globl cuFileRead
     .type cuFileRead, @function
 cuFileRead:
-    leaq .Lname36(%rip), %rdi
+    leaq .Lname41(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -300,23 +340,39 @@ cuFileRead:
     .globl cuFileReadAsync
     .type cuFileReadAsync, @function
 cuFileReadAsync:
-    leaq .Lname37(%rip), %rdi
+    leaq .Lname42(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cuFileReadAsync, .-cuFileReadAsync
+    .globl cuFileReadv
+    .type cuFileReadv, @function
+cuFileReadv:
+    leaq .Lname43(%rip), %rdi
+    movq $0, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cuFileReadv, .-cuFileReadv
     .globl cuFileSetParameterBool
     .type cuFileSetParameterBool, @function
 cuFileSetParameterBool:
-    leaq .Lname38(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cuFileSetParameterBool, .-cuFileSetParameterBool
+    .globl cuFileSetParameterGpuBounceBufferSlabArray
+    .type cuFileSetParameterGpuBounceBufferSlabArray, @function
+cuFileSetParameterGpuBounceBufferSlabArray:
+    leaq .Lname45(%rip), %rdi
+    movq $5007, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cuFileSetParameterGpuBounceBufferSlabArray, .-cuFileSetParameterGpuBounceBufferSlabArray
     .globl cuFileSetParameterPosixPoolSlabArray
     .type cuFileSetParameterPosixPoolSlabArray, @function
 cuFileSetParameterPosixPoolSlabArray:
-    leaq .Lname39(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -324,7 +380,7 @@ cuFileSetParameterPosixPoolSlabArray:
     .globl cuFileSetParameterSizeT
     .type cuFileSetParameterSizeT, @function
 cuFileSetParameterSizeT:
-    leaq .Lname40(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -332,7 +388,7 @@ cuFileSetParameterSizeT:
     .globl cuFileSetParameterString
     .type cuFileSetParameterString, @function
 cuFileSetParameterString:
-    leaq .Lname41(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -340,7 +396,7 @@ cuFileSetParameterString:
     .globl cuFileSetStatsLevel
     .type cuFileSetStatsLevel, @function
 cuFileSetStatsLevel:
-    leaq .Lname42(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -348,7 +404,7 @@ cuFileSetStatsLevel:
     .globl cuFileSparseGpu
     .type cuFileSparseGpu, @function
 cuFileSparseGpu:
-    leaq .Lname43(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -356,7 +412,7 @@ cuFileSparseGpu:
     .globl cuFileStatsReset
     .type cuFileStatsReset, @function
 cuFileStatsReset:
-    leaq .Lname44(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -364,7 +420,7 @@ cuFileStatsReset:
     .globl cuFileStatsStart
     .type cuFileStatsStart, @function
 cuFileStatsStart:
-    leaq .Lname45(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -372,7 +428,7 @@ cuFileStatsStart:
     .globl cuFileStatsStop
     .type cuFileStatsStop, @function
 cuFileStatsStop:
-    leaq .Lname46(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -380,7 +436,7 @@ cuFileStatsStop:
     .globl cuFileStreamDeregister
     .type cuFileStreamDeregister, @function
 cuFileStreamDeregister:
-    leaq .Lname47(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -388,7 +444,7 @@ cuFileStreamDeregister:
     .globl cuFileStreamHandleInline
     .type cuFileStreamHandleInline, @function
 cuFileStreamHandleInline:
-    leaq .Lname48(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -396,7 +452,7 @@ cuFileStreamHandleInline:
     .globl cuFileStreamHandleSparse
     .type cuFileStreamHandleSparse, @function
 cuFileStreamHandleSparse:
-    leaq .Lname49(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -404,7 +460,7 @@ cuFileStreamHandleSparse:
     .globl cuFileStreamRegister
     .type cuFileStreamRegister, @function
 cuFileStreamRegister:
-    leaq .Lname50(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -412,7 +468,7 @@ cuFileStreamRegister:
     .globl cuFileStreamWaitValue32
     .type cuFileStreamWaitValue32, @function
 cuFileStreamWaitValue32:
-    leaq .Lname51(%rip), %rdi
+    leaq .Lname58(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -420,7 +476,7 @@ cuFileStreamWaitValue32:
     .globl cuFileUseCount
     .type cuFileUseCount, @function
 cuFileUseCount:
-    leaq .Lname52(%rip), %rdi
+    leaq .Lname59(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -428,7 +484,7 @@ cuFileUseCount:
     .globl cuFileWrite
     .type cuFileWrite, @function
 cuFileWrite:
-    leaq .Lname53(%rip), %rdi
+    leaq .Lname60(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -436,11 +492,19 @@ cuFileWrite:
     .globl cuFileWriteAsync
     .type cuFileWriteAsync, @function
 cuFileWriteAsync:
-    leaq .Lname54(%rip), %rdi
+    leaq .Lname61(%rip), %rdi
     movq $5007, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cuFileWriteAsync, .-cuFileWriteAsync
+    .globl cuFileWritev
+    .type cuFileWritev, @function
+cuFileWritev:
+    leaq .Lname62(%rip), %rdi
+    movq $0, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cuFileWritev, .-cuFileWritev
     .section .rodata
 .Lname0:
     .asciz "cuFileBatchIOCancel"
@@ -485,71 +549,87 @@ cuFileWriteAsync:
 .Lname20:
     .asciz "cuFileDriverSetPollMode"
 .Lname21:
-    .asciz "cuFileGetBARSizeInKB"
+    .asciz "cuFileExportPCIeTopology"
 .Lname22:
-    .asciz "cuFileGetParameterBool"
+    .asciz "cuFileGetBARSizeInKB"
 .Lname23:
-    .asciz "cuFileGetParameterMinMaxValue"
+    .asciz "cuFileGetParameterBool"
 .Lname24:
-    .asciz "cuFileGetParameterPosixPoolSlabArray"
+    .asciz "cuFileGetParameterGpuBounceBufferSlabArray"
 .Lname25:
-    .asciz "cuFileGetParameterSizeT"
+    .asciz "cuFileGetParameterMinMaxValue"
 .Lname26:
-    .asciz "cuFileGetParameterString"
+    .asciz "cuFileGetParameterPosixPoolSlabArray"
 .Lname27:
-    .asciz "cuFileGetStatsL1"
+    .asciz "cuFileGetParameterSizeT"
 .Lname28:
-    .asciz "cuFileGetStatsL2"
+    .asciz "cuFileGetParameterString"
 .Lname29:
-    .asciz "cuFileGetStatsL3"
+    .asciz "cuFileGetStatsL1"
 .Lname30:
-    .asciz "cuFileGetStatsLevel"
+    .asciz "cuFileGetStatsL2"
 .Lname31:
-    .asciz "cuFileGetVersion"
+    .asciz "cuFileGetStatsL3"
 .Lname32:
-    .asciz "cuFileGpuWaitValue32"
+    .asciz "cuFileGetStatsLevel"
 .Lname33:
-    .asciz "cuFileHandleDeregister"
+    .asciz "cuFileGetVersion"
 .Lname34:
-    .asciz "cuFileHandleRegister"
+    .asciz "cuFileGpuWaitValue32"
 .Lname35:
-    .asciz "cuFileInlineGpu"
+    .asciz "cuFileHandleDeregister"
 .Lname36:
-    .asciz "cuFileRead"
+    .asciz "cuFileHandleRegister"
 .Lname37:
-    .asciz "cuFileReadAsync"
+    .asciz "cuFileInlineGpu"
 .Lname38:
-    .asciz "cuFileSetParameterBool"
+    .asciz "cuFileObjectDriverOpen"
 .Lname39:
-    .asciz "cuFileSetParameterPosixPoolSlabArray"
+    .asciz "cuFileObjectDriverOpenForDiagnostics"
 .Lname40:
-    .asciz "cuFileSetParameterSizeT"
+    .asciz "cuFileObjectInitialize"
 .Lname41:
-    .asciz "cuFileSetParameterString"
+    .asciz "cuFileRead"
 .Lname42:
-    .asciz "cuFileSetStatsLevel"
+    .asciz "cuFileReadAsync"
 .Lname43:
-    .asciz "cuFileSparseGpu"
+    .asciz "cuFileReadv"
 .Lname44:
-    .asciz "cuFileStatsReset"
+    .asciz "cuFileSetParameterBool"
 .Lname45:
-    .asciz "cuFileStatsStart"
+    .asciz "cuFileSetParameterGpuBounceBufferSlabArray"
 .Lname46:
-    .asciz "cuFileStatsStop"
+    .asciz "cuFileSetParameterPosixPoolSlabArray"
 .Lname47:
-    .asciz "cuFileStreamDeregister"
+    .asciz "cuFileSetParameterSizeT"
 .Lname48:
-    .asciz "cuFileStreamHandleInline"
+    .asciz "cuFileSetParameterString"
 .Lname49:
-    .asciz "cuFileStreamHandleSparse"
+    .asciz "cuFileSetStatsLevel"
 .Lname50:
-    .asciz "cuFileStreamRegister"
+    .asciz "cuFileSparseGpu"
 .Lname51:
-    .asciz "cuFileStreamWaitValue32"
+    .asciz "cuFileStatsReset"
 .Lname52:
-    .asciz "cuFileUseCount"
+    .asciz "cuFileStatsStart"
 .Lname53:
-    .asciz "cuFileWrite"
+    .asciz "cuFileStatsStop"
 .Lname54:
+    .asciz "cuFileStreamDeregister"
+.Lname55:
+    .asciz "cuFileStreamHandleInline"
+.Lname56:
+    .asciz "cuFileStreamHandleSparse"
+.Lname57:
+    .asciz "cuFileStreamRegister"
+.Lname58:
+    .asciz "cuFileStreamWaitValue32"
+.Lname59:
+    .asciz "cuFileUseCount"
+.Lname60:
+    .asciz "cuFileWrite"
+.Lname61:
     .asciz "cuFileWriteAsync"
+.Lname62:
+    .asciz "cuFileWritev"
     .section .note.GNU-stack,"",@progbits

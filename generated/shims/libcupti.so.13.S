@@ -33,10 +33,18 @@ cuptiActivityDisableContext:
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cuptiActivityDisableContext, .-cuptiActivityDisableContext
+    .globl cuptiActivityDisable_v2
+    .type cuptiActivityDisable_v2, @function
+cuptiActivityDisable_v2:
+    leaq .Lname4(%rip), %rdi
+    movq $27, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cuptiActivityDisable_v2, .-cuptiActivityDisable_v2
     .globl cuptiActivityEnable
     .type cuptiActivityEnable, @function
 cuptiActivityEnable:
-    leaq .Lname4(%rip), %rdi
+    leaq .Lname5(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -44,7 +52,7 @@ cuptiActivityEnable:
     .globl cuptiActivityEnableAllSyncRecords
     .type cuptiActivityEnableAllSyncRecords, @function
 cuptiActivityEnableAllSyncRecords:
-    leaq .Lname5(%rip), %rdi
+    leaq .Lname6(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -52,7 +60,7 @@ cuptiActivityEnableAllSyncRecords:
     .globl cuptiActivityEnableAllocationSource
     .type cuptiActivityEnableAllocationSource, @function
 cuptiActivityEnableAllocationSource:
-    leaq .Lname6(%rip), %rdi
+    leaq .Lname7(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -60,15 +68,23 @@ cuptiActivityEnableAllocationSource:
     .globl cuptiActivityEnableAndDump
     .type cuptiActivityEnableAndDump, @function
 cuptiActivityEnableAndDump:
-    leaq .Lname7(%rip), %rdi
+    leaq .Lname8(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cuptiActivityEnableAndDump, .-cuptiActivityEnableAndDump
+    .globl cuptiActivityEnableAndDump_v2
+    .type cuptiActivityEnableAndDump_v2, @function
+cuptiActivityEnableAndDump_v2:
+    leaq .Lname9(%rip), %rdi
+    movq $27, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cuptiActivityEnableAndDump_v2, .-cuptiActivityEnableAndDump_v2
     .globl cuptiActivityEnableBufferSummary
     .type cuptiActivityEnableBufferSummary, @function
 cuptiActivityEnableBufferSummary:
-    leaq .Lname8(%rip), %rdi
+    leaq .Lname10(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -76,7 +92,7 @@ cuptiActivityEnableBufferSummary:
     .globl cuptiActivityEnableContext
     .type cuptiActivityEnableContext, @function
 cuptiActivityEnableContext:
-    leaq .Lname9(%rip), %rdi
+    leaq .Lname11(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -84,7 +100,7 @@ cuptiActivityEnableContext:
     .globl cuptiActivityEnableCudaEventDeviceTimestamps
     .type cuptiActivityEnableCudaEventDeviceTimestamps, @function
 cuptiActivityEnableCudaEventDeviceTimestamps:
-    leaq .Lname10(%rip), %rdi
+    leaq .Lname12(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -92,7 +108,7 @@ cuptiActivityEnableCudaEventDeviceTimestamps:
     .globl cuptiActivityEnableDeviceGraph
     .type cuptiActivityEnableDeviceGraph, @function
 cuptiActivityEnableDeviceGraph:
-    leaq .Lname11(%rip), %rdi
+    leaq .Lname13(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -100,15 +116,23 @@ cuptiActivityEnableDeviceGraph:
     .globl cuptiActivityEnableDriverApi
     .type cuptiActivityEnableDriverApi, @function
 cuptiActivityEnableDriverApi:
-    leaq .Lname12(%rip), %rdi
+    leaq .Lname14(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cuptiActivityEnableDriverApi, .-cuptiActivityEnableDriverApi
+    .globl cuptiActivityEnableDriverApi_v2
+    .type cuptiActivityEnableDriverApi_v2, @function
+cuptiActivityEnableDriverApi_v2:
+    leaq .Lname15(%rip), %rdi
+    movq $27, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cuptiActivityEnableDriverApi_v2, .-cuptiActivityEnableDriverApi_v2
     .globl cuptiActivityEnableHWTrace
     .type cuptiActivityEnableHWTrace, @function
 cuptiActivityEnableHWTrace:
-    leaq .Lname13(%rip), %rdi
+    leaq .Lname16(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -116,7 +140,7 @@ cuptiActivityEnableHWTrace:
     .globl cuptiActivityEnableLatencyTimestamps
     .type cuptiActivityEnableLatencyTimestamps, @function
 cuptiActivityEnableLatencyTimestamps:
-    leaq .Lname14(%rip), %rdi
+    leaq .Lname17(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -124,7 +148,7 @@ cuptiActivityEnableLatencyTimestamps:
     .globl cuptiActivityEnableLaunchAttributes
     .type cuptiActivityEnableLaunchAttributes, @function
 cuptiActivityEnableLaunchAttributes:
-    leaq .Lname15(%rip), %rdi
+    leaq .Lname18(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -132,23 +156,47 @@ cuptiActivityEnableLaunchAttributes:
     .globl cuptiActivityEnableRawTimestamps
     .type cuptiActivityEnableRawTimestamps, @function
 cuptiActivityEnableRawTimestamps:
-    leaq .Lname16(%rip), %rdi
+    leaq .Lname19(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cuptiActivityEnableRawTimestamps, .-cuptiActivityEnableRawTimestamps
+    .globl cuptiActivityEnableRawTimestamps_v2
+    .type cuptiActivityEnableRawTimestamps_v2, @function
+cuptiActivityEnableRawTimestamps_v2:
+    leaq .Lname20(%rip), %rdi
+    movq $27, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cuptiActivityEnableRawTimestamps_v2, .-cuptiActivityEnableRawTimestamps_v2
     .globl cuptiActivityEnableRuntimeApi
     .type cuptiActivityEnableRuntimeApi, @function
 cuptiActivityEnableRuntimeApi:
-    leaq .Lname17(%rip), %rdi
+    leaq .Lname21(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cuptiActivityEnableRuntimeApi, .-cuptiActivityEnableRuntimeApi
+    .globl cuptiActivityEnableRuntimeApi_v2
+    .type cuptiActivityEnableRuntimeApi_v2, @function
+cuptiActivityEnableRuntimeApi_v2:
+    leaq .Lname22(%rip), %rdi
+    movq $27, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cuptiActivityEnableRuntimeApi_v2, .-cuptiActivityEnableRuntimeApi_v2
+    .globl cuptiActivityEnable_v2
+    .type cuptiActivityEnable_v2, @function
+cuptiActivityEnable_v2:
+    leaq .Lname23(%rip), %rdi
+    movq $27, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cuptiActivityEnable_v2, .-cuptiActivityEnable_v2
     .globl cuptiActivityFlush
     .type cuptiActivityFlush, @function
 cuptiActivityFlush:
-    leaq .Lname18(%rip), %rdi
+    leaq .Lname24(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -156,7 +204,7 @@ cuptiActivityFlush:
     .globl cuptiActivityFlushAll
     .type cuptiActivityFlushAll, @function
 cuptiActivityFlushAll:
-    leaq .Lname19(%rip), %rdi
+    leaq .Lname25(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -164,7 +212,7 @@ cuptiActivityFlushAll:
     .globl cuptiActivityFlushPeriod
     .type cuptiActivityFlushPeriod, @function
 cuptiActivityFlushPeriod:
-    leaq .Lname20(%rip), %rdi
+    leaq .Lname26(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -172,31 +220,63 @@ cuptiActivityFlushPeriod:
     .globl cuptiActivityGetAttribute
     .type cuptiActivityGetAttribute, @function
 cuptiActivityGetAttribute:
-    leaq .Lname21(%rip), %rdi
+    leaq .Lname27(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cuptiActivityGetAttribute, .-cuptiActivityGetAttribute
+    .globl cuptiActivityGetAttribute_v2
+    .type cuptiActivityGetAttribute_v2, @function
+cuptiActivityGetAttribute_v2:
+    leaq .Lname28(%rip), %rdi
+    movq $27, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cuptiActivityGetAttribute_v2, .-cuptiActivityGetAttribute_v2
+    .globl cuptiActivityGetEnabledKinds
+    .type cuptiActivityGetEnabledKinds, @function
+cuptiActivityGetEnabledKinds:
+    leaq .Lname29(%rip), %rdi
+    movq $27, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cuptiActivityGetEnabledKinds, .-cuptiActivityGetEnabledKinds
     .globl cuptiActivityGetNextRecord
     .type cuptiActivityGetNextRecord, @function
 cuptiActivityGetNextRecord:
-    leaq .Lname22(%rip), %rdi
+    leaq .Lname30(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cuptiActivityGetNextRecord, .-cuptiActivityGetNextRecord
+    .globl cuptiActivityGetNextRecord_v2
+    .type cuptiActivityGetNextRecord_v2, @function
+cuptiActivityGetNextRecord_v2:
+    leaq .Lname31(%rip), %rdi
+    movq $27, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cuptiActivityGetNextRecord_v2, .-cuptiActivityGetNextRecord_v2
     .globl cuptiActivityGetNumDroppedRecords
     .type cuptiActivityGetNumDroppedRecords, @function
 cuptiActivityGetNumDroppedRecords:
-    leaq .Lname23(%rip), %rdi
+    leaq .Lname32(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cuptiActivityGetNumDroppedRecords, .-cuptiActivityGetNumDroppedRecords
+    .globl cuptiActivityGetNumDroppedRecords_v2
+    .type cuptiActivityGetNumDroppedRecords_v2, @function
+cuptiActivityGetNumDroppedRecords_v2:
+    leaq .Lname33(%rip), %rdi
+    movq $27, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cuptiActivityGetNumDroppedRecords_v2, .-cuptiActivityGetNumDroppedRecords_v2
     .globl cuptiActivityGetNvtxExtPayloadAttr
     .type cuptiActivityGetNvtxExtPayloadAttr, @function
 cuptiActivityGetNvtxExtPayloadAttr:
-    leaq .Lname24(%rip), %rdi
+    leaq .Lname34(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -204,39 +284,71 @@ cuptiActivityGetNvtxExtPayloadAttr:
     .globl cuptiActivityGetNvtxExtPayloadEntryTypeInfo
     .type cuptiActivityGetNvtxExtPayloadEntryTypeInfo, @function
 cuptiActivityGetNvtxExtPayloadEntryTypeInfo:
-    leaq .Lname25(%rip), %rdi
+    leaq .Lname35(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cuptiActivityGetNvtxExtPayloadEntryTypeInfo, .-cuptiActivityGetNvtxExtPayloadEntryTypeInfo
+    .globl cuptiActivityGetStructSize
+    .type cuptiActivityGetStructSize, @function
+cuptiActivityGetStructSize:
+    leaq .Lname36(%rip), %rdi
+    movq $27, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cuptiActivityGetStructSize, .-cuptiActivityGetStructSize
     .globl cuptiActivityPopExternalCorrelationId
     .type cuptiActivityPopExternalCorrelationId, @function
 cuptiActivityPopExternalCorrelationId:
-    leaq .Lname26(%rip), %rdi
+    leaq .Lname37(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cuptiActivityPopExternalCorrelationId, .-cuptiActivityPopExternalCorrelationId
+    .globl cuptiActivityPopExternalCorrelationId_v2
+    .type cuptiActivityPopExternalCorrelationId_v2, @function
+cuptiActivityPopExternalCorrelationId_v2:
+    leaq .Lname38(%rip), %rdi
+    movq $27, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cuptiActivityPopExternalCorrelationId_v2, .-cuptiActivityPopExternalCorrelationId_v2
     .globl cuptiActivityPushExternalCorrelationId
     .type cuptiActivityPushExternalCorrelationId, @function
 cuptiActivityPushExternalCorrelationId:
-    leaq .Lname27(%rip), %rdi
+    leaq .Lname39(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cuptiActivityPushExternalCorrelationId, .-cuptiActivityPushExternalCorrelationId
+    .globl cuptiActivityPushExternalCorrelationId_v2
+    .type cuptiActivityPushExternalCorrelationId_v2, @function
+cuptiActivityPushExternalCorrelationId_v2:
+    leaq .Lname40(%rip), %rdi
+    movq $27, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cuptiActivityPushExternalCorrelationId_v2, .-cuptiActivityPushExternalCorrelationId_v2
     .globl cuptiActivityRegisterCallbacks
     .type cuptiActivityRegisterCallbacks, @function
 cuptiActivityRegisterCallbacks:
-    leaq .Lname28(%rip), %rdi
+    leaq .Lname41(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cuptiActivityRegisterCallbacks, .-cuptiActivityRegisterCallbacks
+    .globl cuptiActivityRegisterCallbacks_v2
+    .type cuptiActivityRegisterCallbacks_v2, @function
+cuptiActivityRegisterCallbacks_v2:
+    leaq .Lname42(%rip), %rdi
+    movq $27, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cuptiActivityRegisterCallbacks_v2, .-cuptiActivityRegisterCallbacks_v2
     .globl cuptiActivityRegisterTimestampCallback
     .type cuptiActivityRegisterTimestampCallback, @function
 cuptiActivityRegisterTimestampCallback:
-    leaq .Lname29(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -244,15 +356,47 @@ cuptiActivityRegisterTimestampCallback:
     .globl cuptiActivitySetAttribute
     .type cuptiActivitySetAttribute, @function
 cuptiActivitySetAttribute:
-    leaq .Lname30(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cuptiActivitySetAttribute, .-cuptiActivitySetAttribute
+    .globl cuptiActivitySetAttribute_v2
+    .type cuptiActivitySetAttribute_v2, @function
+cuptiActivitySetAttribute_v2:
+    leaq .Lname45(%rip), %rdi
+    movq $27, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cuptiActivitySetAttribute_v2, .-cuptiActivitySetAttribute_v2
+    .globl cuptiClockControlGetStatus
+    .type cuptiClockControlGetStatus, @function
+cuptiClockControlGetStatus:
+    leaq .Lname46(%rip), %rdi
+    movq $27, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cuptiClockControlGetStatus, .-cuptiClockControlGetStatus
+    .globl cuptiClockControlLock
+    .type cuptiClockControlLock, @function
+cuptiClockControlLock:
+    leaq .Lname47(%rip), %rdi
+    movq $27, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cuptiClockControlLock, .-cuptiClockControlLock
+    .globl cuptiClockControlUnlock
+    .type cuptiClockControlUnlock, @function
+cuptiClockControlUnlock:
+    leaq .Lname48(%rip), %rdi
+    movq $27, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cuptiClockControlUnlock, .-cuptiClockControlUnlock
     .globl cuptiComputeCapabilitySupported
     .type cuptiComputeCapabilitySupported, @function
 cuptiComputeCapabilitySupported:
-    leaq .Lname31(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -260,7 +404,7 @@ cuptiComputeCapabilitySupported:
     .globl cuptiDeviceEnumEventDomains
     .type cuptiDeviceEnumEventDomains, @function
 cuptiDeviceEnumEventDomains:
-    leaq .Lname32(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -268,7 +412,7 @@ cuptiDeviceEnumEventDomains:
     .globl cuptiDeviceEnumMetrics
     .type cuptiDeviceEnumMetrics, @function
 cuptiDeviceEnumMetrics:
-    leaq .Lname33(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -276,7 +420,7 @@ cuptiDeviceEnumMetrics:
     .globl cuptiDeviceGetAttribute
     .type cuptiDeviceGetAttribute, @function
 cuptiDeviceGetAttribute:
-    leaq .Lname34(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -284,7 +428,7 @@ cuptiDeviceGetAttribute:
     .globl cuptiDeviceGetChipName
     .type cuptiDeviceGetChipName, @function
 cuptiDeviceGetChipName:
-    leaq .Lname35(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -292,7 +436,7 @@ cuptiDeviceGetChipName:
     .globl cuptiDeviceGetEventDomainAttribute
     .type cuptiDeviceGetEventDomainAttribute, @function
 cuptiDeviceGetEventDomainAttribute:
-    leaq .Lname36(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -300,7 +444,7 @@ cuptiDeviceGetEventDomainAttribute:
     .globl cuptiDeviceGetNumEventDomains
     .type cuptiDeviceGetNumEventDomains, @function
 cuptiDeviceGetNumEventDomains:
-    leaq .Lname37(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -308,7 +452,7 @@ cuptiDeviceGetNumEventDomains:
     .globl cuptiDeviceGetNumMetrics
     .type cuptiDeviceGetNumMetrics, @function
 cuptiDeviceGetNumMetrics:
-    leaq .Lname38(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -316,7 +460,7 @@ cuptiDeviceGetNumMetrics:
     .globl cuptiDeviceSupported
     .type cuptiDeviceSupported, @function
 cuptiDeviceSupported:
-    leaq .Lname39(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -324,7 +468,7 @@ cuptiDeviceSupported:
     .globl cuptiDeviceVirtualizationMode
     .type cuptiDeviceVirtualizationMode, @function
 cuptiDeviceVirtualizationMode:
-    leaq .Lname40(%rip), %rdi
+    leaq .Lname58(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -332,7 +476,7 @@ cuptiDeviceVirtualizationMode:
     .globl cuptiDisableKernelReplayMode
     .type cuptiDisableKernelReplayMode, @function
 cuptiDisableKernelReplayMode:
-    leaq .Lname41(%rip), %rdi
+    leaq .Lname59(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -340,7 +484,7 @@ cuptiDisableKernelReplayMode:
     .globl cuptiDisableLibcuda
     .type cuptiDisableLibcuda, @function
 cuptiDisableLibcuda:
-    leaq .Lname42(%rip), %rdi
+    leaq .Lname60(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -348,7 +492,7 @@ cuptiDisableLibcuda:
     .globl cuptiEnableAllDomains
     .type cuptiEnableAllDomains, @function
 cuptiEnableAllDomains:
-    leaq .Lname43(%rip), %rdi
+    leaq .Lname61(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -356,7 +500,7 @@ cuptiEnableAllDomains:
     .globl cuptiEnableCallback
     .type cuptiEnableCallback, @function
 cuptiEnableCallback:
-    leaq .Lname44(%rip), %rdi
+    leaq .Lname62(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -364,7 +508,7 @@ cuptiEnableCallback:
     .globl cuptiEnableCigMode
     .type cuptiEnableCigMode, @function
 cuptiEnableCigMode:
-    leaq .Lname45(%rip), %rdi
+    leaq .Lname63(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -372,7 +516,7 @@ cuptiEnableCigMode:
     .globl cuptiEnableDomain
     .type cuptiEnableDomain, @function
 cuptiEnableDomain:
-    leaq .Lname46(%rip), %rdi
+    leaq .Lname64(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -380,7 +524,7 @@ cuptiEnableDomain:
     .globl cuptiEnableKernelReplayMode
     .type cuptiEnableKernelReplayMode, @function
 cuptiEnableKernelReplayMode:
-    leaq .Lname47(%rip), %rdi
+    leaq .Lname65(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -388,7 +532,7 @@ cuptiEnableKernelReplayMode:
     .globl cuptiEnumEventDomains
     .type cuptiEnumEventDomains, @function
 cuptiEnumEventDomains:
-    leaq .Lname48(%rip), %rdi
+    leaq .Lname66(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -396,7 +540,7 @@ cuptiEnumEventDomains:
     .globl cuptiEnumMetrics
     .type cuptiEnumMetrics, @function
 cuptiEnumMetrics:
-    leaq .Lname49(%rip), %rdi
+    leaq .Lname67(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -404,7 +548,7 @@ cuptiEnumMetrics:
     .globl cuptiEventDomainEnumEvents
     .type cuptiEventDomainEnumEvents, @function
 cuptiEventDomainEnumEvents:
-    leaq .Lname50(%rip), %rdi
+    leaq .Lname68(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -412,7 +556,7 @@ cuptiEventDomainEnumEvents:
     .globl cuptiEventDomainGetAttribute
     .type cuptiEventDomainGetAttribute, @function
 cuptiEventDomainGetAttribute:
-    leaq .Lname51(%rip), %rdi
+    leaq .Lname69(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -420,7 +564,7 @@ cuptiEventDomainGetAttribute:
     .globl cuptiEventDomainGetNumEvents
     .type cuptiEventDomainGetNumEvents, @function
 cuptiEventDomainGetNumEvents:
-    leaq .Lname52(%rip), %rdi
+    leaq .Lname70(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -428,7 +572,7 @@ cuptiEventDomainGetNumEvents:
     .globl cuptiEventGetAttribute
     .type cuptiEventGetAttribute, @function
 cuptiEventGetAttribute:
-    leaq .Lname53(%rip), %rdi
+    leaq .Lname71(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -436,7 +580,7 @@ cuptiEventGetAttribute:
     .globl cuptiEventGetIdFromName
     .type cuptiEventGetIdFromName, @function
 cuptiEventGetIdFromName:
-    leaq .Lname54(%rip), %rdi
+    leaq .Lname72(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -444,7 +588,7 @@ cuptiEventGetIdFromName:
     .globl cuptiEventGroupAddEvent
     .type cuptiEventGroupAddEvent, @function
 cuptiEventGroupAddEvent:
-    leaq .Lname55(%rip), %rdi
+    leaq .Lname73(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -452,7 +596,7 @@ cuptiEventGroupAddEvent:
     .globl cuptiEventGroupCreate
     .type cuptiEventGroupCreate, @function
 cuptiEventGroupCreate:
-    leaq .Lname56(%rip), %rdi
+    leaq .Lname74(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -460,7 +604,7 @@ cuptiEventGroupCreate:
     .globl cuptiEventGroupDestroy
     .type cuptiEventGroupDestroy, @function
 cuptiEventGroupDestroy:
-    leaq .Lname57(%rip), %rdi
+    leaq .Lname75(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -468,7 +612,7 @@ cuptiEventGroupDestroy:
     .globl cuptiEventGroupDisable
     .type cuptiEventGroupDisable, @function
 cuptiEventGroupDisable:
-    leaq .Lname58(%rip), %rdi
+    leaq .Lname76(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -476,7 +620,7 @@ cuptiEventGroupDisable:
     .globl cuptiEventGroupEnable
     .type cuptiEventGroupEnable, @function
 cuptiEventGroupEnable:
-    leaq .Lname59(%rip), %rdi
+    leaq .Lname77(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -484,7 +628,7 @@ cuptiEventGroupEnable:
     .globl cuptiEventGroupGetAttribute
     .type cuptiEventGroupGetAttribute, @function
 cuptiEventGroupGetAttribute:
-    leaq .Lname60(%rip), %rdi
+    leaq .Lname78(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -492,7 +636,7 @@ cuptiEventGroupGetAttribute:
     .globl cuptiEventGroupReadAllEvents
     .type cuptiEventGroupReadAllEvents, @function
 cuptiEventGroupReadAllEvents:
-    leaq .Lname61(%rip), %rdi
+    leaq .Lname79(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -500,7 +644,7 @@ cuptiEventGroupReadAllEvents:
     .globl cuptiEventGroupReadEvent
     .type cuptiEventGroupReadEvent, @function
 cuptiEventGroupReadEvent:
-    leaq .Lname62(%rip), %rdi
+    leaq .Lname80(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -508,7 +652,7 @@ cuptiEventGroupReadEvent:
     .globl cuptiEventGroupRemoveAllEvents
     .type cuptiEventGroupRemoveAllEvents, @function
 cuptiEventGroupRemoveAllEvents:
-    leaq .Lname63(%rip), %rdi
+    leaq .Lname81(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -516,7 +660,7 @@ cuptiEventGroupRemoveAllEvents:
     .globl cuptiEventGroupRemoveEvent
     .type cuptiEventGroupRemoveEvent, @function
 cuptiEventGroupRemoveEvent:
-    leaq .Lname64(%rip), %rdi
+    leaq .Lname82(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -524,7 +668,7 @@ cuptiEventGroupRemoveEvent:
     .globl cuptiEventGroupResetAllEvents
     .type cuptiEventGroupResetAllEvents, @function
 cuptiEventGroupResetAllEvents:
-    leaq .Lname65(%rip), %rdi
+    leaq .Lname83(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -532,7 +676,7 @@ cuptiEventGroupResetAllEvents:
     .globl cuptiEventGroupSetAttribute
     .type cuptiEventGroupSetAttribute, @function
 cuptiEventGroupSetAttribute:
-    leaq .Lname66(%rip), %rdi
+    leaq .Lname84(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -540,7 +684,7 @@ cuptiEventGroupSetAttribute:
     .globl cuptiEventGroupSetDisable
     .type cuptiEventGroupSetDisable, @function
 cuptiEventGroupSetDisable:
-    leaq .Lname67(%rip), %rdi
+    leaq .Lname85(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -548,7 +692,7 @@ cuptiEventGroupSetDisable:
     .globl cuptiEventGroupSetEnable
     .type cuptiEventGroupSetEnable, @function
 cuptiEventGroupSetEnable:
-    leaq .Lname68(%rip), %rdi
+    leaq .Lname86(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -556,7 +700,7 @@ cuptiEventGroupSetEnable:
     .globl cuptiEventGroupSetsCreate
     .type cuptiEventGroupSetsCreate, @function
 cuptiEventGroupSetsCreate:
-    leaq .Lname69(%rip), %rdi
+    leaq .Lname87(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -564,7 +708,7 @@ cuptiEventGroupSetsCreate:
     .globl cuptiEventGroupSetsDestroy
     .type cuptiEventGroupSetsDestroy, @function
 cuptiEventGroupSetsDestroy:
-    leaq .Lname70(%rip), %rdi
+    leaq .Lname88(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -572,7 +716,7 @@ cuptiEventGroupSetsDestroy:
     .globl cuptiFinalize
     .type cuptiFinalize, @function
 cuptiFinalize:
-    leaq .Lname71(%rip), %rdi
+    leaq .Lname89(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -580,7 +724,7 @@ cuptiFinalize:
     .globl cuptiGetAutoBoostState
     .type cuptiGetAutoBoostState, @function
 cuptiGetAutoBoostState:
-    leaq .Lname72(%rip), %rdi
+    leaq .Lname90(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -588,7 +732,7 @@ cuptiGetAutoBoostState:
     .globl cuptiGetCallbackName
     .type cuptiGetCallbackName, @function
 cuptiGetCallbackName:
-    leaq .Lname73(%rip), %rdi
+    leaq .Lname91(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -596,7 +740,7 @@ cuptiGetCallbackName:
     .globl cuptiGetCallbackState
     .type cuptiGetCallbackState, @function
 cuptiGetCallbackState:
-    leaq .Lname74(%rip), %rdi
+    leaq .Lname92(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -604,7 +748,7 @@ cuptiGetCallbackState:
     .globl cuptiGetContextId
     .type cuptiGetContextId, @function
 cuptiGetContextId:
-    leaq .Lname75(%rip), %rdi
+    leaq .Lname93(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -612,19 +756,35 @@ cuptiGetContextId:
     .globl cuptiGetCubinCrc
     .type cuptiGetCubinCrc, @function
 cuptiGetCubinCrc:
-    leaq .Lname76(%rip), %rdi
+    leaq .Lname94(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cuptiGetCubinCrc, .-cuptiGetCubinCrc
+    .globl cuptiGetCudaEventId
+    .type cuptiGetCudaEventId, @function
+cuptiGetCudaEventId:
+    leaq .Lname95(%rip), %rdi
+    movq $27, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cuptiGetCudaEventId, .-cuptiGetCudaEventId
     .globl cuptiGetDeviceId
     .type cuptiGetDeviceId, @function
 cuptiGetDeviceId:
-    leaq .Lname77(%rip), %rdi
+    leaq .Lname96(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cuptiGetDeviceId, .-cuptiGetDeviceId
+    .globl cuptiGetEnabledCallbacks
+    .type cuptiGetEnabledCallbacks, @function
+cuptiGetEnabledCallbacks:
+    leaq .Lname97(%rip), %rdi
+    movq $27, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cuptiGetEnabledCallbacks, .-cuptiGetEnabledCallbacks
     .globl cuptiGetErrorMessage
     .type cuptiGetErrorMessage, @function
 cuptiGetErrorMessage:
@@ -633,7 +793,7 @@ cuptiGetErrorMessage:
     .globl cuptiGetGlobalCallbackState
     .type cuptiGetGlobalCallbackState, @function
 cuptiGetGlobalCallbackState:
-    leaq .Lname78(%rip), %rdi
+    leaq .Lname98(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -641,7 +801,7 @@ cuptiGetGlobalCallbackState:
     .globl cuptiGetGraphExecId
     .type cuptiGetGraphExecId, @function
 cuptiGetGraphExecId:
-    leaq .Lname79(%rip), %rdi
+    leaq .Lname99(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -649,7 +809,7 @@ cuptiGetGraphExecId:
     .globl cuptiGetGraphId
     .type cuptiGetGraphId, @function
 cuptiGetGraphId:
-    leaq .Lname80(%rip), %rdi
+    leaq .Lname100(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -657,7 +817,7 @@ cuptiGetGraphId:
     .globl cuptiGetGraphNodeId
     .type cuptiGetGraphNodeId, @function
 cuptiGetGraphNodeId:
-    leaq .Lname81(%rip), %rdi
+    leaq .Lname101(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -665,7 +825,7 @@ cuptiGetGraphNodeId:
     .globl cuptiGetLastError
     .type cuptiGetLastError, @function
 cuptiGetLastError:
-    leaq .Lname82(%rip), %rdi
+    leaq .Lname102(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -673,7 +833,7 @@ cuptiGetLastError:
     .globl cuptiGetNumContexts
     .type cuptiGetNumContexts, @function
 cuptiGetNumContexts:
-    leaq .Lname83(%rip), %rdi
+    leaq .Lname103(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -681,7 +841,7 @@ cuptiGetNumContexts:
     .globl cuptiGetNumEventDomains
     .type cuptiGetNumEventDomains, @function
 cuptiGetNumEventDomains:
-    leaq .Lname84(%rip), %rdi
+    leaq .Lname104(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -689,7 +849,7 @@ cuptiGetNumEventDomains:
     .globl cuptiGetNumMetrics
     .type cuptiGetNumMetrics, @function
 cuptiGetNumMetrics:
-    leaq .Lname85(%rip), %rdi
+    leaq .Lname105(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -697,7 +857,7 @@ cuptiGetNumMetrics:
     .globl cuptiGetRecommendedBufferSize
     .type cuptiGetRecommendedBufferSize, @function
 cuptiGetRecommendedBufferSize:
-    leaq .Lname86(%rip), %rdi
+    leaq .Lname106(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -710,7 +870,7 @@ cuptiGetResultString:
     .globl cuptiGetSassToSourceCorrelation
     .type cuptiGetSassToSourceCorrelation, @function
 cuptiGetSassToSourceCorrelation:
-    leaq .Lname87(%rip), %rdi
+    leaq .Lname107(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -718,7 +878,7 @@ cuptiGetSassToSourceCorrelation:
     .globl cuptiGetStreamId
     .type cuptiGetStreamId, @function
 cuptiGetStreamId:
-    leaq .Lname88(%rip), %rdi
+    leaq .Lname108(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -726,7 +886,7 @@ cuptiGetStreamId:
     .globl cuptiGetStreamIdEx
     .type cuptiGetStreamIdEx, @function
 cuptiGetStreamIdEx:
-    leaq .Lname89(%rip), %rdi
+    leaq .Lname109(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -734,7 +894,7 @@ cuptiGetStreamIdEx:
     .globl cuptiGetThreadIdType
     .type cuptiGetThreadIdType, @function
 cuptiGetThreadIdType:
-    leaq .Lname90(%rip), %rdi
+    leaq .Lname110(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -742,20 +902,36 @@ cuptiGetThreadIdType:
     .globl cuptiGetTimestamp
     .type cuptiGetTimestamp, @function
 cuptiGetTimestamp:
-    leaq .Lname91(%rip), %rdi
+    leaq .Lname111(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cuptiGetTimestamp, .-cuptiGetTimestamp
+    .globl cuptiGetTimestamp_v2
+    .type cuptiGetTimestamp_v2, @function
+cuptiGetTimestamp_v2:
+    leaq .Lname112(%rip), %rdi
+    movq $27, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cuptiGetTimestamp_v2, .-cuptiGetTimestamp_v2
     .globl cuptiGetVersion
     .type cuptiGetVersion, @function
 cuptiGetVersion:
     jmp __chidori_cupti_cuptiGetVersion@PLT
     .size cuptiGetVersion, .-cuptiGetVersion
+    .globl cuptiIsTracingSessionRunning
+    .type cuptiIsTracingSessionRunning, @function
+cuptiIsTracingSessionRunning:
+    leaq .Lname113(%rip), %rdi
+    movq $27, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cuptiIsTracingSessionRunning, .-cuptiIsTracingSessionRunning
     .globl cuptiKernelReplaySubscribeUpdate
     .type cuptiKernelReplaySubscribeUpdate, @function
 cuptiKernelReplaySubscribeUpdate:
-    leaq .Lname92(%rip), %rdi
+    leaq .Lname114(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -763,7 +939,7 @@ cuptiKernelReplaySubscribeUpdate:
     .globl cuptiMetricCreateEventGroupSets
     .type cuptiMetricCreateEventGroupSets, @function
 cuptiMetricCreateEventGroupSets:
-    leaq .Lname93(%rip), %rdi
+    leaq .Lname115(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -771,7 +947,7 @@ cuptiMetricCreateEventGroupSets:
     .globl cuptiMetricEnumEvents
     .type cuptiMetricEnumEvents, @function
 cuptiMetricEnumEvents:
-    leaq .Lname94(%rip), %rdi
+    leaq .Lname116(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -779,7 +955,7 @@ cuptiMetricEnumEvents:
     .globl cuptiMetricEnumProperties
     .type cuptiMetricEnumProperties, @function
 cuptiMetricEnumProperties:
-    leaq .Lname95(%rip), %rdi
+    leaq .Lname117(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -787,7 +963,7 @@ cuptiMetricEnumProperties:
     .globl cuptiMetricGetAttribute
     .type cuptiMetricGetAttribute, @function
 cuptiMetricGetAttribute:
-    leaq .Lname96(%rip), %rdi
+    leaq .Lname118(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -795,7 +971,7 @@ cuptiMetricGetAttribute:
     .globl cuptiMetricGetIdFromName
     .type cuptiMetricGetIdFromName, @function
 cuptiMetricGetIdFromName:
-    leaq .Lname97(%rip), %rdi
+    leaq .Lname119(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -803,7 +979,7 @@ cuptiMetricGetIdFromName:
     .globl cuptiMetricGetNumEvents
     .type cuptiMetricGetNumEvents, @function
 cuptiMetricGetNumEvents:
-    leaq .Lname98(%rip), %rdi
+    leaq .Lname120(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -811,7 +987,7 @@ cuptiMetricGetNumEvents:
     .globl cuptiMetricGetNumProperties
     .type cuptiMetricGetNumProperties, @function
 cuptiMetricGetNumProperties:
-    leaq .Lname99(%rip), %rdi
+    leaq .Lname121(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -819,7 +995,7 @@ cuptiMetricGetNumProperties:
     .globl cuptiMetricGetRequiredEventGroupSets
     .type cuptiMetricGetRequiredEventGroupSets, @function
 cuptiMetricGetRequiredEventGroupSets:
-    leaq .Lname100(%rip), %rdi
+    leaq .Lname122(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -827,7 +1003,7 @@ cuptiMetricGetRequiredEventGroupSets:
     .globl cuptiMetricGetValue
     .type cuptiMetricGetValue, @function
 cuptiMetricGetValue:
-    leaq .Lname101(%rip), %rdi
+    leaq .Lname123(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -835,7 +1011,7 @@ cuptiMetricGetValue:
     .globl cuptiMetricGetValue2
     .type cuptiMetricGetValue2, @function
 cuptiMetricGetValue2:
-    leaq .Lname102(%rip), %rdi
+    leaq .Lname124(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -843,7 +1019,7 @@ cuptiMetricGetValue2:
     .globl cuptiNvtxExtensionInitialize
     .type cuptiNvtxExtensionInitialize, @function
 cuptiNvtxExtensionInitialize:
-    leaq .Lname103(%rip), %rdi
+    leaq .Lname125(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -851,7 +1027,7 @@ cuptiNvtxExtensionInitialize:
     .globl cuptiNvtxInitialize
     .type cuptiNvtxInitialize, @function
 cuptiNvtxInitialize:
-    leaq .Lname104(%rip), %rdi
+    leaq .Lname126(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -859,7 +1035,7 @@ cuptiNvtxInitialize:
     .globl cuptiNvtxInitialize2
     .type cuptiNvtxInitialize2, @function
 cuptiNvtxInitialize2:
-    leaq .Lname105(%rip), %rdi
+    leaq .Lname127(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -867,7 +1043,7 @@ cuptiNvtxInitialize2:
     .globl cuptiOpenACCInitialize
     .type cuptiOpenACCInitialize, @function
 cuptiOpenACCInitialize:
-    leaq .Lname106(%rip), %rdi
+    leaq .Lname128(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -875,7 +1051,7 @@ cuptiOpenACCInitialize:
     .globl cuptiOpenMpInitialize
     .type cuptiOpenMpInitialize, @function
 cuptiOpenMpInitialize:
-    leaq .Lname107(%rip), %rdi
+    leaq .Lname129(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -883,7 +1059,7 @@ cuptiOpenMpInitialize:
     .globl cuptiOpenMpInitialize_v2
     .type cuptiOpenMpInitialize_v2, @function
 cuptiOpenMpInitialize_v2:
-    leaq .Lname108(%rip), %rdi
+    leaq .Lname130(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -891,7 +1067,7 @@ cuptiOpenMpInitialize_v2:
     .globl cuptiPCSamplingDisable
     .type cuptiPCSamplingDisable, @function
 cuptiPCSamplingDisable:
-    leaq .Lname109(%rip), %rdi
+    leaq .Lname131(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -899,7 +1075,7 @@ cuptiPCSamplingDisable:
     .globl cuptiPCSamplingEnable
     .type cuptiPCSamplingEnable, @function
 cuptiPCSamplingEnable:
-    leaq .Lname110(%rip), %rdi
+    leaq .Lname132(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -907,7 +1083,7 @@ cuptiPCSamplingEnable:
     .globl cuptiPCSamplingGetConfigurationAttribute
     .type cuptiPCSamplingGetConfigurationAttribute, @function
 cuptiPCSamplingGetConfigurationAttribute:
-    leaq .Lname111(%rip), %rdi
+    leaq .Lname133(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -915,7 +1091,7 @@ cuptiPCSamplingGetConfigurationAttribute:
     .globl cuptiPCSamplingGetData
     .type cuptiPCSamplingGetData, @function
 cuptiPCSamplingGetData:
-    leaq .Lname112(%rip), %rdi
+    leaq .Lname134(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -923,7 +1099,7 @@ cuptiPCSamplingGetData:
     .globl cuptiPCSamplingGetNumStallReasons
     .type cuptiPCSamplingGetNumStallReasons, @function
 cuptiPCSamplingGetNumStallReasons:
-    leaq .Lname113(%rip), %rdi
+    leaq .Lname135(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -931,7 +1107,7 @@ cuptiPCSamplingGetNumStallReasons:
     .globl cuptiPCSamplingGetStallReasons
     .type cuptiPCSamplingGetStallReasons, @function
 cuptiPCSamplingGetStallReasons:
-    leaq .Lname114(%rip), %rdi
+    leaq .Lname136(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -939,7 +1115,7 @@ cuptiPCSamplingGetStallReasons:
     .globl cuptiPCSamplingSetConfigurationAttribute
     .type cuptiPCSamplingSetConfigurationAttribute, @function
 cuptiPCSamplingSetConfigurationAttribute:
-    leaq .Lname115(%rip), %rdi
+    leaq .Lname137(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -947,7 +1123,7 @@ cuptiPCSamplingSetConfigurationAttribute:
     .globl cuptiPCSamplingStart
     .type cuptiPCSamplingStart, @function
 cuptiPCSamplingStart:
-    leaq .Lname116(%rip), %rdi
+    leaq .Lname138(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -955,7 +1131,7 @@ cuptiPCSamplingStart:
     .globl cuptiPCSamplingStop
     .type cuptiPCSamplingStop, @function
 cuptiPCSamplingStop:
-    leaq .Lname117(%rip), %rdi
+    leaq .Lname139(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -963,7 +1139,7 @@ cuptiPCSamplingStop:
     .globl cuptiPmSamplingCounterDataGetSampleInfo
     .type cuptiPmSamplingCounterDataGetSampleInfo, @function
 cuptiPmSamplingCounterDataGetSampleInfo:
-    leaq .Lname118(%rip), %rdi
+    leaq .Lname140(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -971,7 +1147,7 @@ cuptiPmSamplingCounterDataGetSampleInfo:
     .globl cuptiPmSamplingCounterDataImageInitialize
     .type cuptiPmSamplingCounterDataImageInitialize, @function
 cuptiPmSamplingCounterDataImageInitialize:
-    leaq .Lname119(%rip), %rdi
+    leaq .Lname141(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -979,7 +1155,7 @@ cuptiPmSamplingCounterDataImageInitialize:
     .globl cuptiPmSamplingDecodeData
     .type cuptiPmSamplingDecodeData, @function
 cuptiPmSamplingDecodeData:
-    leaq .Lname120(%rip), %rdi
+    leaq .Lname142(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -987,7 +1163,7 @@ cuptiPmSamplingDecodeData:
     .globl cuptiPmSamplingDisable
     .type cuptiPmSamplingDisable, @function
 cuptiPmSamplingDisable:
-    leaq .Lname121(%rip), %rdi
+    leaq .Lname143(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -995,7 +1171,7 @@ cuptiPmSamplingDisable:
     .globl cuptiPmSamplingEnable
     .type cuptiPmSamplingEnable, @function
 cuptiPmSamplingEnable:
-    leaq .Lname122(%rip), %rdi
+    leaq .Lname144(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1003,7 +1179,7 @@ cuptiPmSamplingEnable:
     .globl cuptiPmSamplingGetCounterAvailability
     .type cuptiPmSamplingGetCounterAvailability, @function
 cuptiPmSamplingGetCounterAvailability:
-    leaq .Lname123(%rip), %rdi
+    leaq .Lname145(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1011,7 +1187,7 @@ cuptiPmSamplingGetCounterAvailability:
     .globl cuptiPmSamplingGetCounterDataInfo
     .type cuptiPmSamplingGetCounterDataInfo, @function
 cuptiPmSamplingGetCounterDataInfo:
-    leaq .Lname124(%rip), %rdi
+    leaq .Lname146(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1019,7 +1195,7 @@ cuptiPmSamplingGetCounterDataInfo:
     .globl cuptiPmSamplingGetCounterDataSize
     .type cuptiPmSamplingGetCounterDataSize, @function
 cuptiPmSamplingGetCounterDataSize:
-    leaq .Lname125(%rip), %rdi
+    leaq .Lname147(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1027,7 +1203,7 @@ cuptiPmSamplingGetCounterDataSize:
     .globl cuptiPmSamplingSetConfig
     .type cuptiPmSamplingSetConfig, @function
 cuptiPmSamplingSetConfig:
-    leaq .Lname126(%rip), %rdi
+    leaq .Lname148(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1035,7 +1211,7 @@ cuptiPmSamplingSetConfig:
     .globl cuptiPmSamplingStart
     .type cuptiPmSamplingStart, @function
 cuptiPmSamplingStart:
-    leaq .Lname127(%rip), %rdi
+    leaq .Lname149(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1043,7 +1219,7 @@ cuptiPmSamplingStart:
     .globl cuptiPmSamplingStop
     .type cuptiPmSamplingStop, @function
 cuptiPmSamplingStop:
-    leaq .Lname128(%rip), %rdi
+    leaq .Lname150(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1051,7 +1227,7 @@ cuptiPmSamplingStop:
     .globl cuptiProfilerBeginPass
     .type cuptiProfilerBeginPass, @function
 cuptiProfilerBeginPass:
-    leaq .Lname129(%rip), %rdi
+    leaq .Lname151(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1059,7 +1235,7 @@ cuptiProfilerBeginPass:
     .globl cuptiProfilerBeginSession
     .type cuptiProfilerBeginSession, @function
 cuptiProfilerBeginSession:
-    leaq .Lname130(%rip), %rdi
+    leaq .Lname152(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1067,7 +1243,7 @@ cuptiProfilerBeginSession:
     .globl cuptiProfilerCounterDataImageCalculateScratchBufferSize
     .type cuptiProfilerCounterDataImageCalculateScratchBufferSize, @function
 cuptiProfilerCounterDataImageCalculateScratchBufferSize:
-    leaq .Lname131(%rip), %rdi
+    leaq .Lname153(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1075,7 +1251,7 @@ cuptiProfilerCounterDataImageCalculateScratchBufferSize:
     .globl cuptiProfilerCounterDataImageCalculateSize
     .type cuptiProfilerCounterDataImageCalculateSize, @function
 cuptiProfilerCounterDataImageCalculateSize:
-    leaq .Lname132(%rip), %rdi
+    leaq .Lname154(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1083,7 +1259,7 @@ cuptiProfilerCounterDataImageCalculateSize:
     .globl cuptiProfilerCounterDataImageInitialize
     .type cuptiProfilerCounterDataImageInitialize, @function
 cuptiProfilerCounterDataImageInitialize:
-    leaq .Lname133(%rip), %rdi
+    leaq .Lname155(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1091,7 +1267,7 @@ cuptiProfilerCounterDataImageInitialize:
     .globl cuptiProfilerCounterDataImageInitializeScratchBuffer
     .type cuptiProfilerCounterDataImageInitializeScratchBuffer, @function
 cuptiProfilerCounterDataImageInitializeScratchBuffer:
-    leaq .Lname134(%rip), %rdi
+    leaq .Lname156(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1099,7 +1275,7 @@ cuptiProfilerCounterDataImageInitializeScratchBuffer:
     .globl cuptiProfilerDeInitialize
     .type cuptiProfilerDeInitialize, @function
 cuptiProfilerDeInitialize:
-    leaq .Lname135(%rip), %rdi
+    leaq .Lname157(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1107,7 +1283,7 @@ cuptiProfilerDeInitialize:
     .globl cuptiProfilerDeviceSupported
     .type cuptiProfilerDeviceSupported, @function
 cuptiProfilerDeviceSupported:
-    leaq .Lname136(%rip), %rdi
+    leaq .Lname158(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1115,7 +1291,7 @@ cuptiProfilerDeviceSupported:
     .globl cuptiProfilerDisableProfiling
     .type cuptiProfilerDisableProfiling, @function
 cuptiProfilerDisableProfiling:
-    leaq .Lname137(%rip), %rdi
+    leaq .Lname159(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1123,7 +1299,7 @@ cuptiProfilerDisableProfiling:
     .globl cuptiProfilerEnableProfiling
     .type cuptiProfilerEnableProfiling, @function
 cuptiProfilerEnableProfiling:
-    leaq .Lname138(%rip), %rdi
+    leaq .Lname160(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1131,7 +1307,7 @@ cuptiProfilerEnableProfiling:
     .globl cuptiProfilerEndPass
     .type cuptiProfilerEndPass, @function
 cuptiProfilerEndPass:
-    leaq .Lname139(%rip), %rdi
+    leaq .Lname161(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1139,7 +1315,7 @@ cuptiProfilerEndPass:
     .globl cuptiProfilerEndSession
     .type cuptiProfilerEndSession, @function
 cuptiProfilerEndSession:
-    leaq .Lname140(%rip), %rdi
+    leaq .Lname162(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1147,7 +1323,7 @@ cuptiProfilerEndSession:
     .globl cuptiProfilerFlushCounterData
     .type cuptiProfilerFlushCounterData, @function
 cuptiProfilerFlushCounterData:
-    leaq .Lname141(%rip), %rdi
+    leaq .Lname163(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1155,7 +1331,7 @@ cuptiProfilerFlushCounterData:
     .globl cuptiProfilerGetCounterAvailability
     .type cuptiProfilerGetCounterAvailability, @function
 cuptiProfilerGetCounterAvailability:
-    leaq .Lname142(%rip), %rdi
+    leaq .Lname164(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1163,7 +1339,7 @@ cuptiProfilerGetCounterAvailability:
     .globl cuptiProfilerHostConfigAddMetrics
     .type cuptiProfilerHostConfigAddMetrics, @function
 cuptiProfilerHostConfigAddMetrics:
-    leaq .Lname143(%rip), %rdi
+    leaq .Lname165(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1171,7 +1347,7 @@ cuptiProfilerHostConfigAddMetrics:
     .globl cuptiProfilerHostDeinitialize
     .type cuptiProfilerHostDeinitialize, @function
 cuptiProfilerHostDeinitialize:
-    leaq .Lname144(%rip), %rdi
+    leaq .Lname166(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1179,7 +1355,7 @@ cuptiProfilerHostDeinitialize:
     .globl cuptiProfilerHostEvaluateToGpuValues
     .type cuptiProfilerHostEvaluateToGpuValues, @function
 cuptiProfilerHostEvaluateToGpuValues:
-    leaq .Lname145(%rip), %rdi
+    leaq .Lname167(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1187,7 +1363,7 @@ cuptiProfilerHostEvaluateToGpuValues:
     .globl cuptiProfilerHostGetBaseMetrics
     .type cuptiProfilerHostGetBaseMetrics, @function
 cuptiProfilerHostGetBaseMetrics:
-    leaq .Lname146(%rip), %rdi
+    leaq .Lname168(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1195,7 +1371,7 @@ cuptiProfilerHostGetBaseMetrics:
     .globl cuptiProfilerHostGetConfigImage
     .type cuptiProfilerHostGetConfigImage, @function
 cuptiProfilerHostGetConfigImage:
-    leaq .Lname147(%rip), %rdi
+    leaq .Lname169(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1203,7 +1379,7 @@ cuptiProfilerHostGetConfigImage:
     .globl cuptiProfilerHostGetConfigImageSize
     .type cuptiProfilerHostGetConfigImageSize, @function
 cuptiProfilerHostGetConfigImageSize:
-    leaq .Lname148(%rip), %rdi
+    leaq .Lname170(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1211,7 +1387,7 @@ cuptiProfilerHostGetConfigImageSize:
     .globl cuptiProfilerHostGetMaxNumHardwareMetricsPerPass
     .type cuptiProfilerHostGetMaxNumHardwareMetricsPerPass, @function
 cuptiProfilerHostGetMaxNumHardwareMetricsPerPass:
-    leaq .Lname149(%rip), %rdi
+    leaq .Lname171(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1219,15 +1395,23 @@ cuptiProfilerHostGetMaxNumHardwareMetricsPerPass:
     .globl cuptiProfilerHostGetMetricProperties
     .type cuptiProfilerHostGetMetricProperties, @function
 cuptiProfilerHostGetMetricProperties:
-    leaq .Lname150(%rip), %rdi
+    leaq .Lname172(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cuptiProfilerHostGetMetricProperties, .-cuptiProfilerHostGetMetricProperties
+    .globl cuptiProfilerHostGetMetricsInSinglePassSet
+    .type cuptiProfilerHostGetMetricsInSinglePassSet, @function
+cuptiProfilerHostGetMetricsInSinglePassSet:
+    leaq .Lname173(%rip), %rdi
+    movq $27, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cuptiProfilerHostGetMetricsInSinglePassSet, .-cuptiProfilerHostGetMetricsInSinglePassSet
     .globl cuptiProfilerHostGetNumOfPasses
     .type cuptiProfilerHostGetNumOfPasses, @function
 cuptiProfilerHostGetNumOfPasses:
-    leaq .Lname151(%rip), %rdi
+    leaq .Lname174(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1235,15 +1419,23 @@ cuptiProfilerHostGetNumOfPasses:
     .globl cuptiProfilerHostGetRangeName
     .type cuptiProfilerHostGetRangeName, @function
 cuptiProfilerHostGetRangeName:
-    leaq .Lname152(%rip), %rdi
+    leaq .Lname175(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cuptiProfilerHostGetRangeName, .-cuptiProfilerHostGetRangeName
+    .globl cuptiProfilerHostGetSinglePassSets
+    .type cuptiProfilerHostGetSinglePassSets, @function
+cuptiProfilerHostGetSinglePassSets:
+    leaq .Lname176(%rip), %rdi
+    movq $27, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cuptiProfilerHostGetSinglePassSets, .-cuptiProfilerHostGetSinglePassSets
     .globl cuptiProfilerHostGetSubMetrics
     .type cuptiProfilerHostGetSubMetrics, @function
 cuptiProfilerHostGetSubMetrics:
-    leaq .Lname153(%rip), %rdi
+    leaq .Lname177(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1251,7 +1443,7 @@ cuptiProfilerHostGetSubMetrics:
     .globl cuptiProfilerHostGetSupportedChips
     .type cuptiProfilerHostGetSupportedChips, @function
 cuptiProfilerHostGetSupportedChips:
-    leaq .Lname154(%rip), %rdi
+    leaq .Lname178(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1259,15 +1451,23 @@ cuptiProfilerHostGetSupportedChips:
     .globl cuptiProfilerHostInitialize
     .type cuptiProfilerHostInitialize, @function
 cuptiProfilerHostInitialize:
-    leaq .Lname155(%rip), %rdi
+    leaq .Lname179(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cuptiProfilerHostInitialize, .-cuptiProfilerHostInitialize
+    .globl cuptiProfilerHostSetDevicePartitionInfo
+    .type cuptiProfilerHostSetDevicePartitionInfo, @function
+cuptiProfilerHostSetDevicePartitionInfo:
+    leaq .Lname180(%rip), %rdi
+    movq $27, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cuptiProfilerHostSetDevicePartitionInfo, .-cuptiProfilerHostSetDevicePartitionInfo
     .globl cuptiProfilerInitialize
     .type cuptiProfilerInitialize, @function
 cuptiProfilerInitialize:
-    leaq .Lname156(%rip), %rdi
+    leaq .Lname181(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1275,7 +1475,7 @@ cuptiProfilerInitialize:
     .globl cuptiProfilerIsPassCollected
     .type cuptiProfilerIsPassCollected, @function
 cuptiProfilerIsPassCollected:
-    leaq .Lname157(%rip), %rdi
+    leaq .Lname182(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1283,7 +1483,7 @@ cuptiProfilerIsPassCollected:
     .globl cuptiProfilerPopRange
     .type cuptiProfilerPopRange, @function
 cuptiProfilerPopRange:
-    leaq .Lname158(%rip), %rdi
+    leaq .Lname183(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1291,7 +1491,7 @@ cuptiProfilerPopRange:
     .globl cuptiProfilerPushRange
     .type cuptiProfilerPushRange, @function
 cuptiProfilerPushRange:
-    leaq .Lname159(%rip), %rdi
+    leaq .Lname184(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1299,7 +1499,7 @@ cuptiProfilerPushRange:
     .globl cuptiProfilerSetConfig
     .type cuptiProfilerSetConfig, @function
 cuptiProfilerSetConfig:
-    leaq .Lname160(%rip), %rdi
+    leaq .Lname185(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1307,7 +1507,7 @@ cuptiProfilerSetConfig:
     .globl cuptiProfilerUnsetConfig
     .type cuptiProfilerUnsetConfig, @function
 cuptiProfilerUnsetConfig:
-    leaq .Lname161(%rip), %rdi
+    leaq .Lname186(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1315,7 +1515,7 @@ cuptiProfilerUnsetConfig:
     .globl cuptiRangeProfilerCounterDataGetRangeInfo
     .type cuptiRangeProfilerCounterDataGetRangeInfo, @function
 cuptiRangeProfilerCounterDataGetRangeInfo:
-    leaq .Lname162(%rip), %rdi
+    leaq .Lname187(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1323,7 +1523,7 @@ cuptiRangeProfilerCounterDataGetRangeInfo:
     .globl cuptiRangeProfilerCounterDataImageInitialize
     .type cuptiRangeProfilerCounterDataImageInitialize, @function
 cuptiRangeProfilerCounterDataImageInitialize:
-    leaq .Lname163(%rip), %rdi
+    leaq .Lname188(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1331,7 +1531,7 @@ cuptiRangeProfilerCounterDataImageInitialize:
     .globl cuptiRangeProfilerDecodeData
     .type cuptiRangeProfilerDecodeData, @function
 cuptiRangeProfilerDecodeData:
-    leaq .Lname164(%rip), %rdi
+    leaq .Lname189(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1339,7 +1539,7 @@ cuptiRangeProfilerDecodeData:
     .globl cuptiRangeProfilerDisable
     .type cuptiRangeProfilerDisable, @function
 cuptiRangeProfilerDisable:
-    leaq .Lname165(%rip), %rdi
+    leaq .Lname190(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1347,7 +1547,7 @@ cuptiRangeProfilerDisable:
     .globl cuptiRangeProfilerEnable
     .type cuptiRangeProfilerEnable, @function
 cuptiRangeProfilerEnable:
-    leaq .Lname166(%rip), %rdi
+    leaq .Lname191(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1355,7 +1555,7 @@ cuptiRangeProfilerEnable:
     .globl cuptiRangeProfilerGetCounterDataInfo
     .type cuptiRangeProfilerGetCounterDataInfo, @function
 cuptiRangeProfilerGetCounterDataInfo:
-    leaq .Lname167(%rip), %rdi
+    leaq .Lname192(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1363,15 +1563,23 @@ cuptiRangeProfilerGetCounterDataInfo:
     .globl cuptiRangeProfilerGetCounterDataSize
     .type cuptiRangeProfilerGetCounterDataSize, @function
 cuptiRangeProfilerGetCounterDataSize:
-    leaq .Lname168(%rip), %rdi
+    leaq .Lname193(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cuptiRangeProfilerGetCounterDataSize, .-cuptiRangeProfilerGetCounterDataSize
+    .globl cuptiRangeProfilerGetDevicePartitionInfo
+    .type cuptiRangeProfilerGetDevicePartitionInfo, @function
+cuptiRangeProfilerGetDevicePartitionInfo:
+    leaq .Lname194(%rip), %rdi
+    movq $27, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cuptiRangeProfilerGetDevicePartitionInfo, .-cuptiRangeProfilerGetDevicePartitionInfo
     .globl cuptiRangeProfilerPopRange
     .type cuptiRangeProfilerPopRange, @function
 cuptiRangeProfilerPopRange:
-    leaq .Lname169(%rip), %rdi
+    leaq .Lname195(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1379,7 +1587,7 @@ cuptiRangeProfilerPopRange:
     .globl cuptiRangeProfilerPushRange
     .type cuptiRangeProfilerPushRange, @function
 cuptiRangeProfilerPushRange:
-    leaq .Lname170(%rip), %rdi
+    leaq .Lname196(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1387,7 +1595,7 @@ cuptiRangeProfilerPushRange:
     .globl cuptiRangeProfilerSetConfig
     .type cuptiRangeProfilerSetConfig, @function
 cuptiRangeProfilerSetConfig:
-    leaq .Lname171(%rip), %rdi
+    leaq .Lname197(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1395,7 +1603,7 @@ cuptiRangeProfilerSetConfig:
     .globl cuptiRangeProfilerStart
     .type cuptiRangeProfilerStart, @function
 cuptiRangeProfilerStart:
-    leaq .Lname172(%rip), %rdi
+    leaq .Lname198(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1403,7 +1611,7 @@ cuptiRangeProfilerStart:
     .globl cuptiRangeProfilerStop
     .type cuptiRangeProfilerStop, @function
 cuptiRangeProfilerStop:
-    leaq .Lname173(%rip), %rdi
+    leaq .Lname199(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1411,7 +1619,7 @@ cuptiRangeProfilerStop:
     .globl cuptiRegisterComputeCrcCallback
     .type cuptiRegisterComputeCrcCallback, @function
 cuptiRegisterComputeCrcCallback:
-    leaq .Lname174(%rip), %rdi
+    leaq .Lname200(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1419,7 +1627,7 @@ cuptiRegisterComputeCrcCallback:
     .globl cuptiSassMetricsDisable
     .type cuptiSassMetricsDisable, @function
 cuptiSassMetricsDisable:
-    leaq .Lname175(%rip), %rdi
+    leaq .Lname201(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1427,7 +1635,7 @@ cuptiSassMetricsDisable:
     .globl cuptiSassMetricsEnable
     .type cuptiSassMetricsEnable, @function
 cuptiSassMetricsEnable:
-    leaq .Lname176(%rip), %rdi
+    leaq .Lname202(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1435,7 +1643,7 @@ cuptiSassMetricsEnable:
     .globl cuptiSassMetricsFlushData
     .type cuptiSassMetricsFlushData, @function
 cuptiSassMetricsFlushData:
-    leaq .Lname177(%rip), %rdi
+    leaq .Lname203(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1443,7 +1651,7 @@ cuptiSassMetricsFlushData:
     .globl cuptiSassMetricsGetDataProperties
     .type cuptiSassMetricsGetDataProperties, @function
 cuptiSassMetricsGetDataProperties:
-    leaq .Lname178(%rip), %rdi
+    leaq .Lname204(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1451,7 +1659,7 @@ cuptiSassMetricsGetDataProperties:
     .globl cuptiSassMetricsGetMetrics
     .type cuptiSassMetricsGetMetrics, @function
 cuptiSassMetricsGetMetrics:
-    leaq .Lname179(%rip), %rdi
+    leaq .Lname205(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1459,7 +1667,7 @@ cuptiSassMetricsGetMetrics:
     .globl cuptiSassMetricsGetNumOfMetrics
     .type cuptiSassMetricsGetNumOfMetrics, @function
 cuptiSassMetricsGetNumOfMetrics:
-    leaq .Lname180(%rip), %rdi
+    leaq .Lname206(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1467,7 +1675,7 @@ cuptiSassMetricsGetNumOfMetrics:
     .globl cuptiSassMetricsGetProperties
     .type cuptiSassMetricsGetProperties, @function
 cuptiSassMetricsGetProperties:
-    leaq .Lname181(%rip), %rdi
+    leaq .Lname207(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1475,7 +1683,7 @@ cuptiSassMetricsGetProperties:
     .globl cuptiSassMetricsSetConfig
     .type cuptiSassMetricsSetConfig, @function
 cuptiSassMetricsSetConfig:
-    leaq .Lname182(%rip), %rdi
+    leaq .Lname208(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1483,7 +1691,7 @@ cuptiSassMetricsSetConfig:
     .globl cuptiSassMetricsUnsetConfig
     .type cuptiSassMetricsUnsetConfig, @function
 cuptiSassMetricsUnsetConfig:
-    leaq .Lname183(%rip), %rdi
+    leaq .Lname209(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1491,7 +1699,7 @@ cuptiSassMetricsUnsetConfig:
     .globl cuptiSetEventCollectionMode
     .type cuptiSetEventCollectionMode, @function
 cuptiSetEventCollectionMode:
-    leaq .Lname184(%rip), %rdi
+    leaq .Lname210(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1499,7 +1707,7 @@ cuptiSetEventCollectionMode:
     .globl cuptiSetThreadIdType
     .type cuptiSetThreadIdType, @function
 cuptiSetThreadIdType:
-    leaq .Lname185(%rip), %rdi
+    leaq .Lname211(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1507,7 +1715,7 @@ cuptiSetThreadIdType:
     .globl cuptiStateQuery
     .type cuptiStateQuery, @function
 cuptiStateQuery:
-    leaq .Lname186(%rip), %rdi
+    leaq .Lname212(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1515,7 +1723,7 @@ cuptiStateQuery:
     .globl cuptiSubscribe
     .type cuptiSubscribe, @function
 cuptiSubscribe:
-    leaq .Lname187(%rip), %rdi
+    leaq .Lname213(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1523,7 +1731,7 @@ cuptiSubscribe:
     .globl cuptiSubscribe_v2
     .type cuptiSubscribe_v2, @function
 cuptiSubscribe_v2:
-    leaq .Lname188(%rip), %rdi
+    leaq .Lname214(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1531,7 +1739,7 @@ cuptiSubscribe_v2:
     .globl cuptiSupportedDomains
     .type cuptiSupportedDomains, @function
 cuptiSupportedDomains:
-    leaq .Lname189(%rip), %rdi
+    leaq .Lname215(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1539,7 +1747,7 @@ cuptiSupportedDomains:
     .globl cuptiUnsubscribe
     .type cuptiUnsubscribe, @function
 cuptiUnsubscribe:
-    leaq .Lname190(%rip), %rdi
+    leaq .Lname216(%rip), %rdi
     movq $27, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1554,377 +1762,429 @@ cuptiUnsubscribe:
 .Lname3:
     .asciz "cuptiActivityDisableContext"
 .Lname4:
-    .asciz "cuptiActivityEnable"
+    .asciz "cuptiActivityDisable_v2"
 .Lname5:
-    .asciz "cuptiActivityEnableAllSyncRecords"
+    .asciz "cuptiActivityEnable"
 .Lname6:
-    .asciz "cuptiActivityEnableAllocationSource"
+    .asciz "cuptiActivityEnableAllSyncRecords"
 .Lname7:
-    .asciz "cuptiActivityEnableAndDump"
+    .asciz "cuptiActivityEnableAllocationSource"
 .Lname8:
-    .asciz "cuptiActivityEnableBufferSummary"
+    .asciz "cuptiActivityEnableAndDump"
 .Lname9:
-    .asciz "cuptiActivityEnableContext"
+    .asciz "cuptiActivityEnableAndDump_v2"
 .Lname10:
-    .asciz "cuptiActivityEnableCudaEventDeviceTimestamps"
+    .asciz "cuptiActivityEnableBufferSummary"
 .Lname11:
-    .asciz "cuptiActivityEnableDeviceGraph"
+    .asciz "cuptiActivityEnableContext"
 .Lname12:
-    .asciz "cuptiActivityEnableDriverApi"
+    .asciz "cuptiActivityEnableCudaEventDeviceTimestamps"
 .Lname13:
-    .asciz "cuptiActivityEnableHWTrace"
+    .asciz "cuptiActivityEnableDeviceGraph"
 .Lname14:
-    .asciz "cuptiActivityEnableLatencyTimestamps"
+    .asciz "cuptiActivityEnableDriverApi"
 .Lname15:
-    .asciz "cuptiActivityEnableLaunchAttributes"
+    .asciz "cuptiActivityEnableDriverApi_v2"
 .Lname16:
-    .asciz "cuptiActivityEnableRawTimestamps"
+    .asciz "cuptiActivityEnableHWTrace"
 .Lname17:
-    .asciz "cuptiActivityEnableRuntimeApi"
+    .asciz "cuptiActivityEnableLatencyTimestamps"
 .Lname18:
-    .asciz "cuptiActivityFlush"
+    .asciz "cuptiActivityEnableLaunchAttributes"
 .Lname19:
-    .asciz "cuptiActivityFlushAll"
+    .asciz "cuptiActivityEnableRawTimestamps"
 .Lname20:
-    .asciz "cuptiActivityFlushPeriod"
+    .asciz "cuptiActivityEnableRawTimestamps_v2"
 .Lname21:
-    .asciz "cuptiActivityGetAttribute"
+    .asciz "cuptiActivityEnableRuntimeApi"
 .Lname22:
-    .asciz "cuptiActivityGetNextRecord"
+    .asciz "cuptiActivityEnableRuntimeApi_v2"
 .Lname23:
-    .asciz "cuptiActivityGetNumDroppedRecords"
+    .asciz "cuptiActivityEnable_v2"
 .Lname24:
-    .asciz "cuptiActivityGetNvtxExtPayloadAttr"
+    .asciz "cuptiActivityFlush"
 .Lname25:
-    .asciz "cuptiActivityGetNvtxExtPayloadEntryTypeInfo"
+    .asciz "cuptiActivityFlushAll"
 .Lname26:
-    .asciz "cuptiActivityPopExternalCorrelationId"
+    .asciz "cuptiActivityFlushPeriod"
 .Lname27:
-    .asciz "cuptiActivityPushExternalCorrelationId"
+    .asciz "cuptiActivityGetAttribute"
 .Lname28:
-    .asciz "cuptiActivityRegisterCallbacks"
+    .asciz "cuptiActivityGetAttribute_v2"
 .Lname29:
-    .asciz "cuptiActivityRegisterTimestampCallback"
+    .asciz "cuptiActivityGetEnabledKinds"
 .Lname30:
-    .asciz "cuptiActivitySetAttribute"
+    .asciz "cuptiActivityGetNextRecord"
 .Lname31:
-    .asciz "cuptiComputeCapabilitySupported"
+    .asciz "cuptiActivityGetNextRecord_v2"
 .Lname32:
-    .asciz "cuptiDeviceEnumEventDomains"
+    .asciz "cuptiActivityGetNumDroppedRecords"
 .Lname33:
-    .asciz "cuptiDeviceEnumMetrics"
+    .asciz "cuptiActivityGetNumDroppedRecords_v2"
 .Lname34:
-    .asciz "cuptiDeviceGetAttribute"
+    .asciz "cuptiActivityGetNvtxExtPayloadAttr"
 .Lname35:
-    .asciz "cuptiDeviceGetChipName"
+    .asciz "cuptiActivityGetNvtxExtPayloadEntryTypeInfo"
 .Lname36:
-    .asciz "cuptiDeviceGetEventDomainAttribute"
+    .asciz "cuptiActivityGetStructSize"
 .Lname37:
-    .asciz "cuptiDeviceGetNumEventDomains"
+    .asciz "cuptiActivityPopExternalCorrelationId"
 .Lname38:
-    .asciz "cuptiDeviceGetNumMetrics"
+    .asciz "cuptiActivityPopExternalCorrelationId_v2"
 .Lname39:
-    .asciz "cuptiDeviceSupported"
+    .asciz "cuptiActivityPushExternalCorrelationId"
 .Lname40:
-    .asciz "cuptiDeviceVirtualizationMode"
+    .asciz "cuptiActivityPushExternalCorrelationId_v2"
 .Lname41:
-    .asciz "cuptiDisableKernelReplayMode"
+    .asciz "cuptiActivityRegisterCallbacks"
 .Lname42:
-    .asciz "cuptiDisableLibcuda"
+    .asciz "cuptiActivityRegisterCallbacks_v2"
 .Lname43:
-    .asciz "cuptiEnableAllDomains"
+    .asciz "cuptiActivityRegisterTimestampCallback"
 .Lname44:
-    .asciz "cuptiEnableCallback"
+    .asciz "cuptiActivitySetAttribute"
 .Lname45:
-    .asciz "cuptiEnableCigMode"
+    .asciz "cuptiActivitySetAttribute_v2"
 .Lname46:
-    .asciz "cuptiEnableDomain"
+    .asciz "cuptiClockControlGetStatus"
 .Lname47:
-    .asciz "cuptiEnableKernelReplayMode"
+    .asciz "cuptiClockControlLock"
 .Lname48:
-    .asciz "cuptiEnumEventDomains"
+    .asciz "cuptiClockControlUnlock"
 .Lname49:
-    .asciz "cuptiEnumMetrics"
+    .asciz "cuptiComputeCapabilitySupported"
 .Lname50:
-    .asciz "cuptiEventDomainEnumEvents"
+    .asciz "cuptiDeviceEnumEventDomains"
 .Lname51:
-    .asciz "cuptiEventDomainGetAttribute"
+    .asciz "cuptiDeviceEnumMetrics"
 .Lname52:
-    .asciz "cuptiEventDomainGetNumEvents"
+    .asciz "cuptiDeviceGetAttribute"
 .Lname53:
-    .asciz "cuptiEventGetAttribute"
+    .asciz "cuptiDeviceGetChipName"
 .Lname54:
-    .asciz "cuptiEventGetIdFromName"
+    .asciz "cuptiDeviceGetEventDomainAttribute"
 .Lname55:
-    .asciz "cuptiEventGroupAddEvent"
+    .asciz "cuptiDeviceGetNumEventDomains"
 .Lname56:
-    .asciz "cuptiEventGroupCreate"
+    .asciz "cuptiDeviceGetNumMetrics"
 .Lname57:
-    .asciz "cuptiEventGroupDestroy"
+    .asciz "cuptiDeviceSupported"
 .Lname58:
-    .asciz "cuptiEventGroupDisable"
+    .asciz "cuptiDeviceVirtualizationMode"
 .Lname59:
-    .asciz "cuptiEventGroupEnable"
+    .asciz "cuptiDisableKernelReplayMode"
 .Lname60:
-    .asciz "cuptiEventGroupGetAttribute"
+    .asciz "cuptiDisableLibcuda"
 .Lname61:
-    .asciz "cuptiEventGroupReadAllEvents"
+    .asciz "cuptiEnableAllDomains"
 .Lname62:
-    .asciz "cuptiEventGroupReadEvent"
+    .asciz "cuptiEnableCallback"
 .Lname63:
-    .asciz "cuptiEventGroupRemoveAllEvents"
+    .asciz "cuptiEnableCigMode"
 .Lname64:
-    .asciz "cuptiEventGroupRemoveEvent"
+    .asciz "cuptiEnableDomain"
 .Lname65:
-    .asciz "cuptiEventGroupResetAllEvents"
+    .asciz "cuptiEnableKernelReplayMode"
 .Lname66:
-    .asciz "cuptiEventGroupSetAttribute"
+    .asciz "cuptiEnumEventDomains"
 .Lname67:
-    .asciz "cuptiEventGroupSetDisable"
+    .asciz "cuptiEnumMetrics"
 .Lname68:
-    .asciz "cuptiEventGroupSetEnable"
+    .asciz "cuptiEventDomainEnumEvents"
 .Lname69:
-    .asciz "cuptiEventGroupSetsCreate"
+    .asciz "cuptiEventDomainGetAttribute"
 .Lname70:
-    .asciz "cuptiEventGroupSetsDestroy"
+    .asciz "cuptiEventDomainGetNumEvents"
 .Lname71:
-    .asciz "cuptiFinalize"
+    .asciz "cuptiEventGetAttribute"
 .Lname72:
-    .asciz "cuptiGetAutoBoostState"
+    .asciz "cuptiEventGetIdFromName"
 .Lname73:
-    .asciz "cuptiGetCallbackName"
+    .asciz "cuptiEventGroupAddEvent"
 .Lname74:
-    .asciz "cuptiGetCallbackState"
+    .asciz "cuptiEventGroupCreate"
 .Lname75:
-    .asciz "cuptiGetContextId"
+    .asciz "cuptiEventGroupDestroy"
 .Lname76:
-    .asciz "cuptiGetCubinCrc"
+    .asciz "cuptiEventGroupDisable"
 .Lname77:
-    .asciz "cuptiGetDeviceId"
+    .asciz "cuptiEventGroupEnable"
 .Lname78:
-    .asciz "cuptiGetGlobalCallbackState"
+    .asciz "cuptiEventGroupGetAttribute"
 .Lname79:
-    .asciz "cuptiGetGraphExecId"
+    .asciz "cuptiEventGroupReadAllEvents"
 .Lname80:
-    .asciz "cuptiGetGraphId"
+    .asciz "cuptiEventGroupReadEvent"
 .Lname81:
-    .asciz "cuptiGetGraphNodeId"
+    .asciz "cuptiEventGroupRemoveAllEvents"
 .Lname82:
-    .asciz "cuptiGetLastError"
+    .asciz "cuptiEventGroupRemoveEvent"
 .Lname83:
-    .asciz "cuptiGetNumContexts"
+    .asciz "cuptiEventGroupResetAllEvents"
 .Lname84:
-    .asciz "cuptiGetNumEventDomains"
+    .asciz "cuptiEventGroupSetAttribute"
 .Lname85:
-    .asciz "cuptiGetNumMetrics"
+    .asciz "cuptiEventGroupSetDisable"
 .Lname86:
-    .asciz "cuptiGetRecommendedBufferSize"
+    .asciz "cuptiEventGroupSetEnable"
 .Lname87:
-    .asciz "cuptiGetSassToSourceCorrelation"
+    .asciz "cuptiEventGroupSetsCreate"
 .Lname88:
-    .asciz "cuptiGetStreamId"
+    .asciz "cuptiEventGroupSetsDestroy"
 .Lname89:
-    .asciz "cuptiGetStreamIdEx"
+    .asciz "cuptiFinalize"
 .Lname90:
-    .asciz "cuptiGetThreadIdType"
+    .asciz "cuptiGetAutoBoostState"
 .Lname91:
-    .asciz "cuptiGetTimestamp"
+    .asciz "cuptiGetCallbackName"
 .Lname92:
-    .asciz "cuptiKernelReplaySubscribeUpdate"
+    .asciz "cuptiGetCallbackState"
 .Lname93:
-    .asciz "cuptiMetricCreateEventGroupSets"
+    .asciz "cuptiGetContextId"
 .Lname94:
-    .asciz "cuptiMetricEnumEvents"
+    .asciz "cuptiGetCubinCrc"
 .Lname95:
-    .asciz "cuptiMetricEnumProperties"
+    .asciz "cuptiGetCudaEventId"
 .Lname96:
-    .asciz "cuptiMetricGetAttribute"
+    .asciz "cuptiGetDeviceId"
 .Lname97:
-    .asciz "cuptiMetricGetIdFromName"
+    .asciz "cuptiGetEnabledCallbacks"
 .Lname98:
-    .asciz "cuptiMetricGetNumEvents"
+    .asciz "cuptiGetGlobalCallbackState"
 .Lname99:
-    .asciz "cuptiMetricGetNumProperties"
+    .asciz "cuptiGetGraphExecId"
 .Lname100:
-    .asciz "cuptiMetricGetRequiredEventGroupSets"
+    .asciz "cuptiGetGraphId"
 .Lname101:
-    .asciz "cuptiMetricGetValue"
+    .asciz "cuptiGetGraphNodeId"
 .Lname102:
-    .asciz "cuptiMetricGetValue2"
+    .asciz "cuptiGetLastError"
 .Lname103:
-    .asciz "cuptiNvtxExtensionInitialize"
+    .asciz "cuptiGetNumContexts"
 .Lname104:
-    .asciz "cuptiNvtxInitialize"
+    .asciz "cuptiGetNumEventDomains"
 .Lname105:
-    .asciz "cuptiNvtxInitialize2"
+    .asciz "cuptiGetNumMetrics"
 .Lname106:
-    .asciz "cuptiOpenACCInitialize"
+    .asciz "cuptiGetRecommendedBufferSize"
 .Lname107:
-    .asciz "cuptiOpenMpInitialize"
+    .asciz "cuptiGetSassToSourceCorrelation"
 .Lname108:
-    .asciz "cuptiOpenMpInitialize_v2"
+    .asciz "cuptiGetStreamId"
 .Lname109:
-    .asciz "cuptiPCSamplingDisable"
+    .asciz "cuptiGetStreamIdEx"
 .Lname110:
-    .asciz "cuptiPCSamplingEnable"
+    .asciz "cuptiGetThreadIdType"
 .Lname111:
-    .asciz "cuptiPCSamplingGetConfigurationAttribute"
+    .asciz "cuptiGetTimestamp"
 .Lname112:
-    .asciz "cuptiPCSamplingGetData"
+    .asciz "cuptiGetTimestamp_v2"
 .Lname113:
-    .asciz "cuptiPCSamplingGetNumStallReasons"
+    .asciz "cuptiIsTracingSessionRunning"
 .Lname114:
-    .asciz "cuptiPCSamplingGetStallReasons"
+    .asciz "cuptiKernelReplaySubscribeUpdate"
 .Lname115:
-    .asciz "cuptiPCSamplingSetConfigurationAttribute"
+    .asciz "cuptiMetricCreateEventGroupSets"
 .Lname116:
-    .asciz "cuptiPCSamplingStart"
+    .asciz "cuptiMetricEnumEvents"
 .Lname117:
-    .asciz "cuptiPCSamplingStop"
+    .asciz "cuptiMetricEnumProperties"
 .Lname118:
-    .asciz "cuptiPmSamplingCounterDataGetSampleInfo"
+    .asciz "cuptiMetricGetAttribute"
 .Lname119:
-    .asciz "cuptiPmSamplingCounterDataImageInitialize"
+    .asciz "cuptiMetricGetIdFromName"
 .Lname120:
-    .asciz "cuptiPmSamplingDecodeData"
+    .asciz "cuptiMetricGetNumEvents"
 .Lname121:
-    .asciz "cuptiPmSamplingDisable"
+    .asciz "cuptiMetricGetNumProperties"
 .Lname122:
-    .asciz "cuptiPmSamplingEnable"
+    .asciz "cuptiMetricGetRequiredEventGroupSets"
 .Lname123:
-    .asciz "cuptiPmSamplingGetCounterAvailability"
+    .asciz "cuptiMetricGetValue"
 .Lname124:
-    .asciz "cuptiPmSamplingGetCounterDataInfo"
+    .asciz "cuptiMetricGetValue2"
 .Lname125:
-    .asciz "cuptiPmSamplingGetCounterDataSize"
+    .asciz "cuptiNvtxExtensionInitialize"
 .Lname126:
-    .asciz "cuptiPmSamplingSetConfig"
+    .asciz "cuptiNvtxInitialize"
 .Lname127:
-    .asciz "cuptiPmSamplingStart"
+    .asciz "cuptiNvtxInitialize2"
 .Lname128:
-    .asciz "cuptiPmSamplingStop"
+    .asciz "cuptiOpenACCInitialize"
 .Lname129:
-    .asciz "cuptiProfilerBeginPass"
+    .asciz "cuptiOpenMpInitialize"
 .Lname130:
-    .asciz "cuptiProfilerBeginSession"
+    .asciz "cuptiOpenMpInitialize_v2"
 .Lname131:
-    .asciz "cuptiProfilerCounterDataImageCalculateScratchBufferSize"
+    .asciz "cuptiPCSamplingDisable"
 .Lname132:
-    .asciz "cuptiProfilerCounterDataImageCalculateSize"
+    .asciz "cuptiPCSamplingEnable"
 .Lname133:
-    .asciz "cuptiProfilerCounterDataImageInitialize"
+    .asciz "cuptiPCSamplingGetConfigurationAttribute"
 .Lname134:
-    .asciz "cuptiProfilerCounterDataImageInitializeScratchBuffer"
+    .asciz "cuptiPCSamplingGetData"
 .Lname135:
-    .asciz "cuptiProfilerDeInitialize"
+    .asciz "cuptiPCSamplingGetNumStallReasons"
 .Lname136:
-    .asciz "cuptiProfilerDeviceSupported"
+    .asciz "cuptiPCSamplingGetStallReasons"
 .Lname137:
-    .asciz "cuptiProfilerDisableProfiling"
+    .asciz "cuptiPCSamplingSetConfigurationAttribute"
 .Lname138:
-    .asciz "cuptiProfilerEnableProfiling"
+    .asciz "cuptiPCSamplingStart"
 .Lname139:
-    .asciz "cuptiProfilerEndPass"
+    .asciz "cuptiPCSamplingStop"
 .Lname140:
-    .asciz "cuptiProfilerEndSession"
+    .asciz "cuptiPmSamplingCounterDataGetSampleInfo"
 .Lname141:
-    .asciz "cuptiProfilerFlushCounterData"
+    .asciz "cuptiPmSamplingCounterDataImageInitialize"
 .Lname142:
-    .asciz "cuptiProfilerGetCounterAvailability"
+    .asciz "cuptiPmSamplingDecodeData"
 .Lname143:
-    .asciz "cuptiProfilerHostConfigAddMetrics"
+    .asciz "cuptiPmSamplingDisable"
 .Lname144:
-    .asciz "cuptiProfilerHostDeinitialize"
+    .asciz "cuptiPmSamplingEnable"
 .Lname145:
-    .asciz "cuptiProfilerHostEvaluateToGpuValues"
+    .asciz "cuptiPmSamplingGetCounterAvailability"
 .Lname146:
-    .asciz "cuptiProfilerHostGetBaseMetrics"
+    .asciz "cuptiPmSamplingGetCounterDataInfo"
 .Lname147:
-    .asciz "cuptiProfilerHostGetConfigImage"
+    .asciz "cuptiPmSamplingGetCounterDataSize"
 .Lname148:
-    .asciz "cuptiProfilerHostGetConfigImageSize"
+    .asciz "cuptiPmSamplingSetConfig"
 .Lname149:
-    .asciz "cuptiProfilerHostGetMaxNumHardwareMetricsPerPass"
+    .asciz "cuptiPmSamplingStart"
 .Lname150:
-    .asciz "cuptiProfilerHostGetMetricProperties"
+    .asciz "cuptiPmSamplingStop"
 .Lname151:
-    .asciz "cuptiProfilerHostGetNumOfPasses"
+    .asciz "cuptiProfilerBeginPass"
 .Lname152:
-    .asciz "cuptiProfilerHostGetRangeName"
+    .asciz "cuptiProfilerBeginSession"
 .Lname153:
-    .asciz "cuptiProfilerHostGetSubMetrics"
+    .asciz "cuptiProfilerCounterDataImageCalculateScratchBufferSize"
 .Lname154:
-    .asciz "cuptiProfilerHostGetSupportedChips"
+    .asciz "cuptiProfilerCounterDataImageCalculateSize"
 .Lname155:
-    .asciz "cuptiProfilerHostInitialize"
+    .asciz "cuptiProfilerCounterDataImageInitialize"
 .Lname156:
-    .asciz "cuptiProfilerInitialize"
+    .asciz "cuptiProfilerCounterDataImageInitializeScratchBuffer"
 .Lname157:
-    .asciz "cuptiProfilerIsPassCollected"
+    .asciz "cuptiProfilerDeInitialize"
 .Lname158:
-    .asciz "cuptiProfilerPopRange"
+    .asciz "cuptiProfilerDeviceSupported"
 .Lname159:
-    .asciz "cuptiProfilerPushRange"
+    .asciz "cuptiProfilerDisableProfiling"
 .Lname160:
-    .asciz "cuptiProfilerSetConfig"
+    .asciz "cuptiProfilerEnableProfiling"
 .Lname161:
-    .asciz "cuptiProfilerUnsetConfig"
+    .asciz "cuptiProfilerEndPass"
 .Lname162:
-    .asciz "cuptiRangeProfilerCounterDataGetRangeInfo"
+    .asciz "cuptiProfilerEndSession"
 .Lname163:
-    .asciz "cuptiRangeProfilerCounterDataImageInitialize"
+    .asciz "cuptiProfilerFlushCounterData"
 .Lname164:
-    .asciz "cuptiRangeProfilerDecodeData"
+    .asciz "cuptiProfilerGetCounterAvailability"
 .Lname165:
-    .asciz "cuptiRangeProfilerDisable"
+    .asciz "cuptiProfilerHostConfigAddMetrics"
 .Lname166:
-    .asciz "cuptiRangeProfilerEnable"
+    .asciz "cuptiProfilerHostDeinitialize"
 .Lname167:
-    .asciz "cuptiRangeProfilerGetCounterDataInfo"
+    .asciz "cuptiProfilerHostEvaluateToGpuValues"
 .Lname168:
-    .asciz "cuptiRangeProfilerGetCounterDataSize"
+    .asciz "cuptiProfilerHostGetBaseMetrics"
 .Lname169:
-    .asciz "cuptiRangeProfilerPopRange"
+    .asciz "cuptiProfilerHostGetConfigImage"
 .Lname170:
-    .asciz "cuptiRangeProfilerPushRange"
+    .asciz "cuptiProfilerHostGetConfigImageSize"
 .Lname171:
-    .asciz "cuptiRangeProfilerSetConfig"
+    .asciz "cuptiProfilerHostGetMaxNumHardwareMetricsPerPass"
 .Lname172:
-    .asciz "cuptiRangeProfilerStart"
+    .asciz "cuptiProfilerHostGetMetricProperties"
 .Lname173:
-    .asciz "cuptiRangeProfilerStop"
+    .asciz "cuptiProfilerHostGetMetricsInSinglePassSet"
 .Lname174:
-    .asciz "cuptiRegisterComputeCrcCallback"
+    .asciz "cuptiProfilerHostGetNumOfPasses"
 .Lname175:
-    .asciz "cuptiSassMetricsDisable"
+    .asciz "cuptiProfilerHostGetRangeName"
 .Lname176:
-    .asciz "cuptiSassMetricsEnable"
+    .asciz "cuptiProfilerHostGetSinglePassSets"
 .Lname177:
-    .asciz "cuptiSassMetricsFlushData"
+    .asciz "cuptiProfilerHostGetSubMetrics"
 .Lname178:
-    .asciz "cuptiSassMetricsGetDataProperties"
+    .asciz "cuptiProfilerHostGetSupportedChips"
 .Lname179:
-    .asciz "cuptiSassMetricsGetMetrics"
+    .asciz "cuptiProfilerHostInitialize"
 .Lname180:
-    .asciz "cuptiSassMetricsGetNumOfMetrics"
+    .asciz "cuptiProfilerHostSetDevicePartitionInfo"
 .Lname181:
-    .asciz "cuptiSassMetricsGetProperties"
+    .asciz "cuptiProfilerInitialize"
 .Lname182:
-    .asciz "cuptiSassMetricsSetConfig"
+    .asciz "cuptiProfilerIsPassCollected"
 .Lname183:
-    .asciz "cuptiSassMetricsUnsetConfig"
+    .asciz "cuptiProfilerPopRange"
 .Lname184:
-    .asciz "cuptiSetEventCollectionMode"
+    .asciz "cuptiProfilerPushRange"
 .Lname185:
-    .asciz "cuptiSetThreadIdType"
+    .asciz "cuptiProfilerSetConfig"
 .Lname186:
-    .asciz "cuptiStateQuery"
+    .asciz "cuptiProfilerUnsetConfig"
 .Lname187:
-    .asciz "cuptiSubscribe"
+    .asciz "cuptiRangeProfilerCounterDataGetRangeInfo"
 .Lname188:
-    .asciz "cuptiSubscribe_v2"
+    .asciz "cuptiRangeProfilerCounterDataImageInitialize"
 .Lname189:
-    .asciz "cuptiSupportedDomains"
+    .asciz "cuptiRangeProfilerDecodeData"
 .Lname190:
+    .asciz "cuptiRangeProfilerDisable"
+.Lname191:
+    .asciz "cuptiRangeProfilerEnable"
+.Lname192:
+    .asciz "cuptiRangeProfilerGetCounterDataInfo"
+.Lname193:
+    .asciz "cuptiRangeProfilerGetCounterDataSize"
+.Lname194:
+    .asciz "cuptiRangeProfilerGetDevicePartitionInfo"
+.Lname195:
+    .asciz "cuptiRangeProfilerPopRange"
+.Lname196:
+    .asciz "cuptiRangeProfilerPushRange"
+.Lname197:
+    .asciz "cuptiRangeProfilerSetConfig"
+.Lname198:
+    .asciz "cuptiRangeProfilerStart"
+.Lname199:
+    .asciz "cuptiRangeProfilerStop"
+.Lname200:
+    .asciz "cuptiRegisterComputeCrcCallback"
+.Lname201:
+    .asciz "cuptiSassMetricsDisable"
+.Lname202:
+    .asciz "cuptiSassMetricsEnable"
+.Lname203:
+    .asciz "cuptiSassMetricsFlushData"
+.Lname204:
+    .asciz "cuptiSassMetricsGetDataProperties"
+.Lname205:
+    .asciz "cuptiSassMetricsGetMetrics"
+.Lname206:
+    .asciz "cuptiSassMetricsGetNumOfMetrics"
+.Lname207:
+    .asciz "cuptiSassMetricsGetProperties"
+.Lname208:
+    .asciz "cuptiSassMetricsSetConfig"
+.Lname209:
+    .asciz "cuptiSassMetricsUnsetConfig"
+.Lname210:
+    .asciz "cuptiSetEventCollectionMode"
+.Lname211:
+    .asciz "cuptiSetThreadIdType"
+.Lname212:
+    .asciz "cuptiStateQuery"
+.Lname213:
+    .asciz "cuptiSubscribe"
+.Lname214:
+    .asciz "cuptiSubscribe_v2"
+.Lname215:
+    .asciz "cuptiSupportedDomains"
+.Lname216:
     .asciz "cuptiUnsubscribe"
     .section .note.GNU-stack,"",@progbits

@@ -300,10 +300,26 @@ cusolverDnChetrd:
 cusolverDnChetrd_bufferSize:
     jmp __chidori_cusolver_cusolverDnChetrd_bufferSize@PLT
     .size cusolverDnChetrd_bufferSize, .-cusolverDnChetrd_bufferSize
+    .globl cusolverDnChetrf
+    .type cusolverDnChetrf, @function
+cusolverDnChetrf:
+    leaq .Lname8(%rip), %rdi
+    movq $9, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cusolverDnChetrf, .-cusolverDnChetrf
+    .globl cusolverDnChetrf_bufferSize
+    .type cusolverDnChetrf_bufferSize, @function
+cusolverDnChetrf_bufferSize:
+    leaq .Lname9(%rip), %rdi
+    movq $9, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cusolverDnChetrf_bufferSize, .-cusolverDnChetrf_bufferSize
     .globl cusolverDnClacpyHost
     .type cusolverDnClacpyHost, @function
 cusolverDnClacpyHost:
-    leaq .Lname8(%rip), %rdi
+    leaq .Lname10(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -311,7 +327,7 @@ cusolverDnClacpyHost:
     .globl cusolverDnClange
     .type cusolverDnClange, @function
 cusolverDnClange:
-    leaq .Lname9(%rip), %rdi
+    leaq .Lname11(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -319,7 +335,7 @@ cusolverDnClange:
     .globl cusolverDnClangeHost
     .type cusolverDnClangeHost, @function
 cusolverDnClangeHost:
-    leaq .Lname10(%rip), %rdi
+    leaq .Lname12(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -327,7 +343,7 @@ cusolverDnClangeHost:
     .globl cusolverDnClange_bufferSize
     .type cusolverDnClange_bufferSize, @function
 cusolverDnClange_bufferSize:
-    leaq .Lname11(%rip), %rdi
+    leaq .Lname13(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -335,7 +351,7 @@ cusolverDnClange_bufferSize:
     .globl cusolverDnClanheHost
     .type cusolverDnClanheHost, @function
 cusolverDnClanheHost:
-    leaq .Lname12(%rip), %rdi
+    leaq .Lname14(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -343,7 +359,7 @@ cusolverDnClanheHost:
     .globl cusolverDnClantrHost
     .type cusolverDnClantrHost, @function
 cusolverDnClantrHost:
-    leaq .Lname13(%rip), %rdi
+    leaq .Lname15(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -351,7 +367,7 @@ cusolverDnClantrHost:
     .globl cusolverDnClarfgHost
     .type cusolverDnClarfgHost, @function
 cusolverDnClarfgHost:
-    leaq .Lname14(%rip), %rdi
+    leaq .Lname16(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -359,7 +375,7 @@ cusolverDnClarfgHost:
     .globl cusolverDnClarnvHost
     .type cusolverDnClarnvHost, @function
 cusolverDnClarnvHost:
-    leaq .Lname15(%rip), %rdi
+    leaq .Lname17(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -367,7 +383,7 @@ cusolverDnClarnvHost:
     .globl cusolverDnClasetHost
     .type cusolverDnClasetHost, @function
 cusolverDnClasetHost:
-    leaq .Lname16(%rip), %rdi
+    leaq .Lname18(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -385,7 +401,7 @@ cusolverDnClauum:
     .globl cusolverDnClauumHost
     .type cusolverDnClauumHost, @function
 cusolverDnClauumHost:
-    leaq .Lname17(%rip), %rdi
+    leaq .Lname19(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -398,7 +414,7 @@ cusolverDnClauum_bufferSize:
     .globl cusolverDnCnrm2Host
     .type cusolverDnCnrm2Host, @function
 cusolverDnCnrm2Host:
-    leaq .Lname18(%rip), %rdi
+    leaq .Lname20(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -416,7 +432,7 @@ cusolverDnCpotrfBatched:
     .globl cusolverDnCpotrfHost
     .type cusolverDnCpotrfHost, @function
 cusolverDnCpotrfHost:
-    leaq .Lname19(%rip), %rdi
+    leaq .Lname21(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -434,7 +450,7 @@ cusolverDnCpotri:
     .globl cusolverDnCpotriHost
     .type cusolverDnCpotriHost, @function
 cusolverDnCpotriHost:
-    leaq .Lname20(%rip), %rdi
+    leaq .Lname22(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -457,7 +473,7 @@ cusolverDnCpotrsBatched:
     .globl cusolverDnCpotrsHost
     .type cusolverDnCpotrsHost, @function
 cusolverDnCpotrsHost:
-    leaq .Lname21(%rip), %rdi
+    leaq .Lname23(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -485,7 +501,7 @@ cusolverDnCreateSyevjInfo:
     .globl cusolverDnCsscalHost
     .type cusolverDnCsscalHost, @function
 cusolverDnCsscalHost:
-    leaq .Lname22(%rip), %rdi
+    leaq .Lname24(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -508,7 +524,7 @@ cusolverDnCsytri:
     .globl cusolverDnCsytriHost
     .type cusolverDnCsytriHost, @function
 cusolverDnCsytriHost:
-    leaq .Lname23(%rip), %rdi
+    leaq .Lname25(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -521,7 +537,7 @@ cusolverDnCsytri_bufferSize:
     .globl cusolverDnCsytrsHost
     .type cusolverDnCsytrsHost, @function
 cusolverDnCsytrsHost:
-    leaq .Lname24(%rip), %rdi
+    leaq .Lname26(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -529,7 +545,7 @@ cusolverDnCsytrsHost:
     .globl cusolverDnCtrtriHost
     .type cusolverDnCtrtriHost, @function
 cusolverDnCtrtriHost:
-    leaq .Lname25(%rip), %rdi
+    leaq .Lname27(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -542,7 +558,7 @@ cusolverDnCungbr:
     .globl cusolverDnCungbrHost
     .type cusolverDnCungbrHost, @function
 cusolverDnCungbrHost:
-    leaq .Lname26(%rip), %rdi
+    leaq .Lname28(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -555,7 +571,7 @@ cusolverDnCungbr_bufferSize:
     .globl cusolverDnCunghrHost
     .type cusolverDnCunghrHost, @function
 cusolverDnCunghrHost:
-    leaq .Lname27(%rip), %rdi
+    leaq .Lname29(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -563,7 +579,7 @@ cusolverDnCunghrHost:
     .globl cusolverDnCunglqHost
     .type cusolverDnCunglqHost, @function
 cusolverDnCunglqHost:
-    leaq .Lname28(%rip), %rdi
+    leaq .Lname30(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -586,7 +602,7 @@ cusolverDnCungtr:
     .globl cusolverDnCungtrHost
     .type cusolverDnCungtrHost, @function
 cusolverDnCungtrHost:
-    leaq .Lname29(%rip), %rdi
+    leaq .Lname31(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -604,7 +620,7 @@ cusolverDnCunmqr:
     .globl cusolverDnCunmqrHost
     .type cusolverDnCunmqrHost, @function
 cusolverDnCunmqrHost:
-    leaq .Lname30(%rip), %rdi
+    leaq .Lname32(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -622,7 +638,7 @@ cusolverDnCunmtr:
     .globl cusolverDnCunmtrHost
     .type cusolverDnCunmtrHost, @function
 cusolverDnCunmtrHost:
-    leaq .Lname31(%rip), %rdi
+    leaq .Lname33(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -735,7 +751,7 @@ cusolverDnDXgesv_bufferSize:
     .globl cusolverDnDaxpyHost
     .type cusolverDnDaxpyHost, @function
 cusolverDnDaxpyHost:
-    leaq .Lname32(%rip), %rdi
+    leaq .Lname34(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -763,7 +779,7 @@ cusolverDnDestroySyevjInfo:
     .globl cusolverDnDeyeBatch
     .type cusolverDnDeyeBatch, @function
 cusolverDnDeyeBatch:
-    leaq .Lname33(%rip), %rdi
+    leaq .Lname35(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -781,7 +797,7 @@ cusolverDnDgebrd_bufferSize:
     .globl cusolverDnDgelqfHost
     .type cusolverDnDgelqfHost, @function
 cusolverDnDgelqfHost:
-    leaq .Lname34(%rip), %rdi
+    leaq .Lname36(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -789,7 +805,7 @@ cusolverDnDgelqfHost:
     .globl cusolverDnDgemmHost
     .type cusolverDnDgemmHost, @function
 cusolverDnDgemmHost:
-    leaq .Lname35(%rip), %rdi
+    leaq .Lname37(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -797,7 +813,7 @@ cusolverDnDgemmHost:
     .globl cusolverDnDgeqlfHost
     .type cusolverDnDgeqlfHost, @function
 cusolverDnDgeqlfHost:
-    leaq .Lname36(%rip), %rdi
+    leaq .Lname38(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -810,7 +826,7 @@ cusolverDnDgeqrf:
     .globl cusolverDnDgeqrfHost
     .type cusolverDnDgeqrfHost, @function
 cusolverDnDgeqrfHost:
-    leaq .Lname37(%rip), %rdi
+    leaq .Lname39(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -878,7 +894,7 @@ cusolverDnDgetrs:
     .globl cusolverDnDlacpyHost
     .type cusolverDnDlacpyHost, @function
 cusolverDnDlacpyHost:
-    leaq .Lname38(%rip), %rdi
+    leaq .Lname40(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -886,7 +902,7 @@ cusolverDnDlacpyHost:
     .globl cusolverDnDlamchHost
     .type cusolverDnDlamchHost, @function
 cusolverDnDlamchHost:
-    leaq .Lname39(%rip), %rdi
+    leaq .Lname41(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -894,7 +910,7 @@ cusolverDnDlamchHost:
     .globl cusolverDnDlange
     .type cusolverDnDlange, @function
 cusolverDnDlange:
-    leaq .Lname40(%rip), %rdi
+    leaq .Lname42(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -902,7 +918,7 @@ cusolverDnDlange:
     .globl cusolverDnDlangeHost
     .type cusolverDnDlangeHost, @function
 cusolverDnDlangeHost:
-    leaq .Lname41(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -910,7 +926,7 @@ cusolverDnDlangeHost:
     .globl cusolverDnDlange_bufferSize
     .type cusolverDnDlange_bufferSize, @function
 cusolverDnDlange_bufferSize:
-    leaq .Lname42(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -918,7 +934,7 @@ cusolverDnDlange_bufferSize:
     .globl cusolverDnDlansyHost
     .type cusolverDnDlansyHost, @function
 cusolverDnDlansyHost:
-    leaq .Lname43(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -926,7 +942,7 @@ cusolverDnDlansyHost:
     .globl cusolverDnDlantrHost
     .type cusolverDnDlantrHost, @function
 cusolverDnDlantrHost:
-    leaq .Lname44(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -934,7 +950,7 @@ cusolverDnDlantrHost:
     .globl cusolverDnDlarfgHost
     .type cusolverDnDlarfgHost, @function
 cusolverDnDlarfgHost:
-    leaq .Lname45(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -942,7 +958,7 @@ cusolverDnDlarfgHost:
     .globl cusolverDnDlarnvHost
     .type cusolverDnDlarnvHost, @function
 cusolverDnDlarnvHost:
-    leaq .Lname46(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -950,7 +966,7 @@ cusolverDnDlarnvHost:
     .globl cusolverDnDlasetHost
     .type cusolverDnDlasetHost, @function
 cusolverDnDlasetHost:
-    leaq .Lname47(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -968,7 +984,7 @@ cusolverDnDlauum:
     .globl cusolverDnDlauumHost
     .type cusolverDnDlauumHost, @function
 cusolverDnDlauumHost:
-    leaq .Lname48(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -981,7 +997,7 @@ cusolverDnDlauum_bufferSize:
     .globl cusolverDnDnrm2Host
     .type cusolverDnDnrm2Host, @function
 cusolverDnDnrm2Host:
-    leaq .Lname49(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -994,7 +1010,7 @@ cusolverDnDorgbr:
     .globl cusolverDnDorgbrHost
     .type cusolverDnDorgbrHost, @function
 cusolverDnDorgbrHost:
-    leaq .Lname50(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1007,7 +1023,7 @@ cusolverDnDorgbr_bufferSize:
     .globl cusolverDnDorghrHost
     .type cusolverDnDorghrHost, @function
 cusolverDnDorghrHost:
-    leaq .Lname51(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1015,7 +1031,7 @@ cusolverDnDorghrHost:
     .globl cusolverDnDorglqHost
     .type cusolverDnDorglqHost, @function
 cusolverDnDorglqHost:
-    leaq .Lname52(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1038,7 +1054,7 @@ cusolverDnDorgtr:
     .globl cusolverDnDorgtrHost
     .type cusolverDnDorgtrHost, @function
 cusolverDnDorgtrHost:
-    leaq .Lname53(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1056,7 +1072,7 @@ cusolverDnDormqr:
     .globl cusolverDnDormqrHost
     .type cusolverDnDormqrHost, @function
 cusolverDnDormqrHost:
-    leaq .Lname54(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1074,7 +1090,7 @@ cusolverDnDormtr:
     .globl cusolverDnDormtrHost
     .type cusolverDnDormtrHost, @function
 cusolverDnDormtrHost:
-    leaq .Lname55(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1097,7 +1113,7 @@ cusolverDnDpotrfBatched:
     .globl cusolverDnDpotrfHost
     .type cusolverDnDpotrfHost, @function
 cusolverDnDpotrfHost:
-    leaq .Lname56(%rip), %rdi
+    leaq .Lname58(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1115,7 +1131,7 @@ cusolverDnDpotri:
     .globl cusolverDnDpotriHost
     .type cusolverDnDpotriHost, @function
 cusolverDnDpotriHost:
-    leaq .Lname57(%rip), %rdi
+    leaq .Lname59(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1138,7 +1154,7 @@ cusolverDnDpotrsBatched:
     .globl cusolverDnDpotrsHost
     .type cusolverDnDpotrsHost, @function
 cusolverDnDpotrsHost:
-    leaq .Lname58(%rip), %rdi
+    leaq .Lname60(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1146,7 +1162,7 @@ cusolverDnDpotrsHost:
     .globl cusolverDnDscalHost
     .type cusolverDnDscalHost, @function
 cusolverDnDscalHost:
-    leaq .Lname59(%rip), %rdi
+    leaq .Lname61(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1154,7 +1170,7 @@ cusolverDnDscalHost:
     .globl cusolverDnDsteqrHost
     .type cusolverDnDsteqrHost, @function
 cusolverDnDsteqrHost:
-    leaq .Lname60(%rip), %rdi
+    leaq .Lname62(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1162,7 +1178,7 @@ cusolverDnDsteqrHost:
     .globl cusolverDnDsterfHost
     .type cusolverDnDsterfHost, @function
 cusolverDnDsterfHost:
-    leaq .Lname61(%rip), %rdi
+    leaq .Lname63(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1210,7 +1226,7 @@ cusolverDnDsyevj_bufferSize:
     .globl cusolverDnDsygst
     .type cusolverDnDsygst, @function
 cusolverDnDsygst:
-    leaq .Lname62(%rip), %rdi
+    leaq .Lname64(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1218,7 +1234,7 @@ cusolverDnDsygst:
     .globl cusolverDnDsygst_bufferSize
     .type cusolverDnDsygst_bufferSize, @function
 cusolverDnDsygst_bufferSize:
-    leaq .Lname63(%rip), %rdi
+    leaq .Lname65(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1281,7 +1297,7 @@ cusolverDnDsytri:
     .globl cusolverDnDsytriHost
     .type cusolverDnDsytriHost, @function
 cusolverDnDsytriHost:
-    leaq .Lname64(%rip), %rdi
+    leaq .Lname66(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1294,7 +1310,7 @@ cusolverDnDsytri_bufferSize:
     .globl cusolverDnDsytrsHost
     .type cusolverDnDsytrsHost, @function
 cusolverDnDsytrsHost:
-    leaq .Lname65(%rip), %rdi
+    leaq .Lname67(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1302,7 +1318,7 @@ cusolverDnDsytrsHost:
     .globl cusolverDnDtrtriHost
     .type cusolverDnDtrtriHost, @function
 cusolverDnDtrtriHost:
-    leaq .Lname66(%rip), %rdi
+    leaq .Lname68(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1312,11 +1328,31 @@ cusolverDnDtrtriHost:
 cusolverDnGetDeterministicMode:
     jmp __chidori_cusolver_cusolverDnGetDeterministicMode@PLT
     .size cusolverDnGetDeterministicMode, .-cusolverDnGetDeterministicMode
+    .globl cusolverDnGetEmulationSpecialValuesSupport
+    .type cusolverDnGetEmulationSpecialValuesSupport, @function
+cusolverDnGetEmulationSpecialValuesSupport:
+    jmp __chidori_cusolver_cusolverDnGetEmulationSpecialValuesSupport@PLT
+    .size cusolverDnGetEmulationSpecialValuesSupport, .-cusolverDnGetEmulationSpecialValuesSupport
     .globl cusolverDnGetEmulationStrategy
     .type cusolverDnGetEmulationStrategy, @function
 cusolverDnGetEmulationStrategy:
     jmp __chidori_cusolver_cusolverDnGetEmulationStrategy@PLT
     .size cusolverDnGetEmulationStrategy, .-cusolverDnGetEmulationStrategy
+    .globl cusolverDnGetFixedPointEmulationMantissaBitOffset
+    .type cusolverDnGetFixedPointEmulationMantissaBitOffset, @function
+cusolverDnGetFixedPointEmulationMantissaBitOffset:
+    jmp __chidori_cusolver_cusolverDnGetFixedPointEmulationMantissaBitOffset@PLT
+    .size cusolverDnGetFixedPointEmulationMantissaBitOffset, .-cusolverDnGetFixedPointEmulationMantissaBitOffset
+    .globl cusolverDnGetFixedPointEmulationMantissaControl
+    .type cusolverDnGetFixedPointEmulationMantissaControl, @function
+cusolverDnGetFixedPointEmulationMantissaControl:
+    jmp __chidori_cusolver_cusolverDnGetFixedPointEmulationMantissaControl@PLT
+    .size cusolverDnGetFixedPointEmulationMantissaControl, .-cusolverDnGetFixedPointEmulationMantissaControl
+    .globl cusolverDnGetFixedPointEmulationMaxMantissaBitCount
+    .type cusolverDnGetFixedPointEmulationMaxMantissaBitCount, @function
+cusolverDnGetFixedPointEmulationMaxMantissaBitCount:
+    jmp __chidori_cusolver_cusolverDnGetFixedPointEmulationMaxMantissaBitCount@PLT
+    .size cusolverDnGetFixedPointEmulationMaxMantissaBitCount, .-cusolverDnGetFixedPointEmulationMaxMantissaBitCount
     .globl cusolverDnGetMathMode
     .type cusolverDnGetMathMode, @function
 cusolverDnGetMathMode:
@@ -1355,7 +1391,7 @@ cusolverDnIRSInfosGetOuterNiters:
     .globl cusolverDnIRSInfosGetResidualHistory
     .type cusolverDnIRSInfosGetResidualHistory, @function
 cusolverDnIRSInfosGetResidualHistory:
-    leaq .Lname67(%rip), %rdi
+    leaq .Lname69(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1458,7 +1494,7 @@ cusolverDnLoggerForceDisable:
     .globl cusolverDnLoggerOpenFile
     .type cusolverDnLoggerOpenFile, @function
 cusolverDnLoggerOpenFile:
-    leaq .Lname68(%rip), %rdi
+    leaq .Lname70(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1466,7 +1502,7 @@ cusolverDnLoggerOpenFile:
     .globl cusolverDnLoggerSetCallback
     .type cusolverDnLoggerSetCallback, @function
 cusolverDnLoggerSetCallback:
-    leaq .Lname69(%rip), %rdi
+    leaq .Lname71(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1474,7 +1510,7 @@ cusolverDnLoggerSetCallback:
     .globl cusolverDnLoggerSetFile
     .type cusolverDnLoggerSetFile, @function
 cusolverDnLoggerSetFile:
-    leaq .Lname70(%rip), %rdi
+    leaq .Lname72(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1572,7 +1608,7 @@ cusolverDnSXgesv_bufferSize:
     .globl cusolverDnSaxpyHost
     .type cusolverDnSaxpyHost, @function
 cusolverDnSaxpyHost:
-    leaq .Lname71(%rip), %rdi
+    leaq .Lname73(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1587,11 +1623,31 @@ cusolverDnSetAdvOptions:
 cusolverDnSetDeterministicMode:
     jmp __chidori_cusolver_cusolverDnSetDeterministicMode@PLT
     .size cusolverDnSetDeterministicMode, .-cusolverDnSetDeterministicMode
+    .globl cusolverDnSetEmulationSpecialValuesSupport
+    .type cusolverDnSetEmulationSpecialValuesSupport, @function
+cusolverDnSetEmulationSpecialValuesSupport:
+    jmp __chidori_cusolver_cusolverDnSetEmulationSpecialValuesSupport@PLT
+    .size cusolverDnSetEmulationSpecialValuesSupport, .-cusolverDnSetEmulationSpecialValuesSupport
     .globl cusolverDnSetEmulationStrategy
     .type cusolverDnSetEmulationStrategy, @function
 cusolverDnSetEmulationStrategy:
     jmp __chidori_cusolver_cusolverDnSetEmulationStrategy@PLT
     .size cusolverDnSetEmulationStrategy, .-cusolverDnSetEmulationStrategy
+    .globl cusolverDnSetFixedPointEmulationMantissaBitOffset
+    .type cusolverDnSetFixedPointEmulationMantissaBitOffset, @function
+cusolverDnSetFixedPointEmulationMantissaBitOffset:
+    jmp __chidori_cusolver_cusolverDnSetFixedPointEmulationMantissaBitOffset@PLT
+    .size cusolverDnSetFixedPointEmulationMantissaBitOffset, .-cusolverDnSetFixedPointEmulationMantissaBitOffset
+    .globl cusolverDnSetFixedPointEmulationMantissaControl
+    .type cusolverDnSetFixedPointEmulationMantissaControl, @function
+cusolverDnSetFixedPointEmulationMantissaControl:
+    jmp __chidori_cusolver_cusolverDnSetFixedPointEmulationMantissaControl@PLT
+    .size cusolverDnSetFixedPointEmulationMantissaControl, .-cusolverDnSetFixedPointEmulationMantissaControl
+    .globl cusolverDnSetFixedPointEmulationMaxMantissaBitCount
+    .type cusolverDnSetFixedPointEmulationMaxMantissaBitCount, @function
+cusolverDnSetFixedPointEmulationMaxMantissaBitCount:
+    jmp __chidori_cusolver_cusolverDnSetFixedPointEmulationMaxMantissaBitCount@PLT
+    .size cusolverDnSetFixedPointEmulationMaxMantissaBitCount, .-cusolverDnSetFixedPointEmulationMaxMantissaBitCount
     .globl cusolverDnSetMathMode
     .type cusolverDnSetMathMode, @function
 cusolverDnSetMathMode:
@@ -1605,7 +1661,7 @@ cusolverDnSetStream:
     .globl cusolverDnSeyeBatch
     .type cusolverDnSeyeBatch, @function
 cusolverDnSeyeBatch:
-    leaq .Lname72(%rip), %rdi
+    leaq .Lname74(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1623,7 +1679,7 @@ cusolverDnSgebrd_bufferSize:
     .globl cusolverDnSgelqfHost
     .type cusolverDnSgelqfHost, @function
 cusolverDnSgelqfHost:
-    leaq .Lname73(%rip), %rdi
+    leaq .Lname75(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1631,7 +1687,7 @@ cusolverDnSgelqfHost:
     .globl cusolverDnSgemmHost
     .type cusolverDnSgemmHost, @function
 cusolverDnSgemmHost:
-    leaq .Lname74(%rip), %rdi
+    leaq .Lname76(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1639,7 +1695,7 @@ cusolverDnSgemmHost:
     .globl cusolverDnSgeqlfHost
     .type cusolverDnSgeqlfHost, @function
 cusolverDnSgeqlfHost:
-    leaq .Lname75(%rip), %rdi
+    leaq .Lname77(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1652,7 +1708,7 @@ cusolverDnSgeqrf:
     .globl cusolverDnSgeqrfHost
     .type cusolverDnSgeqrfHost, @function
 cusolverDnSgeqrfHost:
-    leaq .Lname76(%rip), %rdi
+    leaq .Lname78(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1720,7 +1776,7 @@ cusolverDnSgetrs:
     .globl cusolverDnSlacpyHost
     .type cusolverDnSlacpyHost, @function
 cusolverDnSlacpyHost:
-    leaq .Lname77(%rip), %rdi
+    leaq .Lname79(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1728,7 +1784,7 @@ cusolverDnSlacpyHost:
     .globl cusolverDnSlamchHost
     .type cusolverDnSlamchHost, @function
 cusolverDnSlamchHost:
-    leaq .Lname78(%rip), %rdi
+    leaq .Lname80(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1736,7 +1792,7 @@ cusolverDnSlamchHost:
     .globl cusolverDnSlange
     .type cusolverDnSlange, @function
 cusolverDnSlange:
-    leaq .Lname79(%rip), %rdi
+    leaq .Lname81(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1744,7 +1800,7 @@ cusolverDnSlange:
     .globl cusolverDnSlangeHost
     .type cusolverDnSlangeHost, @function
 cusolverDnSlangeHost:
-    leaq .Lname80(%rip), %rdi
+    leaq .Lname82(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1752,7 +1808,7 @@ cusolverDnSlangeHost:
     .globl cusolverDnSlange_bufferSize
     .type cusolverDnSlange_bufferSize, @function
 cusolverDnSlange_bufferSize:
-    leaq .Lname81(%rip), %rdi
+    leaq .Lname83(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1760,7 +1816,7 @@ cusolverDnSlange_bufferSize:
     .globl cusolverDnSlansyHost
     .type cusolverDnSlansyHost, @function
 cusolverDnSlansyHost:
-    leaq .Lname82(%rip), %rdi
+    leaq .Lname84(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1768,7 +1824,7 @@ cusolverDnSlansyHost:
     .globl cusolverDnSlantrHost
     .type cusolverDnSlantrHost, @function
 cusolverDnSlantrHost:
-    leaq .Lname83(%rip), %rdi
+    leaq .Lname85(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1776,7 +1832,7 @@ cusolverDnSlantrHost:
     .globl cusolverDnSlarfgHost
     .type cusolverDnSlarfgHost, @function
 cusolverDnSlarfgHost:
-    leaq .Lname84(%rip), %rdi
+    leaq .Lname86(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1784,7 +1840,7 @@ cusolverDnSlarfgHost:
     .globl cusolverDnSlarnvHost
     .type cusolverDnSlarnvHost, @function
 cusolverDnSlarnvHost:
-    leaq .Lname85(%rip), %rdi
+    leaq .Lname87(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1792,7 +1848,7 @@ cusolverDnSlarnvHost:
     .globl cusolverDnSlasetHost
     .type cusolverDnSlasetHost, @function
 cusolverDnSlasetHost:
-    leaq .Lname86(%rip), %rdi
+    leaq .Lname88(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1810,7 +1866,7 @@ cusolverDnSlauum:
     .globl cusolverDnSlauumHost
     .type cusolverDnSlauumHost, @function
 cusolverDnSlauumHost:
-    leaq .Lname87(%rip), %rdi
+    leaq .Lname89(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1823,7 +1879,7 @@ cusolverDnSlauum_bufferSize:
     .globl cusolverDnSnrm2Host
     .type cusolverDnSnrm2Host, @function
 cusolverDnSnrm2Host:
-    leaq .Lname88(%rip), %rdi
+    leaq .Lname90(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1836,7 +1892,7 @@ cusolverDnSorgbr:
     .globl cusolverDnSorgbrHost
     .type cusolverDnSorgbrHost, @function
 cusolverDnSorgbrHost:
-    leaq .Lname89(%rip), %rdi
+    leaq .Lname91(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1849,7 +1905,7 @@ cusolverDnSorgbr_bufferSize:
     .globl cusolverDnSorghrHost
     .type cusolverDnSorghrHost, @function
 cusolverDnSorghrHost:
-    leaq .Lname90(%rip), %rdi
+    leaq .Lname92(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1857,7 +1913,7 @@ cusolverDnSorghrHost:
     .globl cusolverDnSorglqHost
     .type cusolverDnSorglqHost, @function
 cusolverDnSorglqHost:
-    leaq .Lname91(%rip), %rdi
+    leaq .Lname93(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1880,7 +1936,7 @@ cusolverDnSorgtr:
     .globl cusolverDnSorgtrHost
     .type cusolverDnSorgtrHost, @function
 cusolverDnSorgtrHost:
-    leaq .Lname92(%rip), %rdi
+    leaq .Lname94(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1898,7 +1954,7 @@ cusolverDnSormqr:
     .globl cusolverDnSormqrHost
     .type cusolverDnSormqrHost, @function
 cusolverDnSormqrHost:
-    leaq .Lname93(%rip), %rdi
+    leaq .Lname95(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1916,7 +1972,7 @@ cusolverDnSormtr:
     .globl cusolverDnSormtrHost
     .type cusolverDnSormtrHost, @function
 cusolverDnSormtrHost:
-    leaq .Lname94(%rip), %rdi
+    leaq .Lname96(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1939,7 +1995,7 @@ cusolverDnSpotrfBatched:
     .globl cusolverDnSpotrfHost
     .type cusolverDnSpotrfHost, @function
 cusolverDnSpotrfHost:
-    leaq .Lname95(%rip), %rdi
+    leaq .Lname97(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1957,7 +2013,7 @@ cusolverDnSpotri:
     .globl cusolverDnSpotriHost
     .type cusolverDnSpotriHost, @function
 cusolverDnSpotriHost:
-    leaq .Lname96(%rip), %rdi
+    leaq .Lname98(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1980,7 +2036,7 @@ cusolverDnSpotrsBatched:
     .globl cusolverDnSpotrsHost
     .type cusolverDnSpotrsHost, @function
 cusolverDnSpotrsHost:
-    leaq .Lname97(%rip), %rdi
+    leaq .Lname99(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1988,7 +2044,7 @@ cusolverDnSpotrsHost:
     .globl cusolverDnSscalHost
     .type cusolverDnSscalHost, @function
 cusolverDnSscalHost:
-    leaq .Lname98(%rip), %rdi
+    leaq .Lname100(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1996,7 +2052,7 @@ cusolverDnSscalHost:
     .globl cusolverDnSsteqrHost
     .type cusolverDnSsteqrHost, @function
 cusolverDnSsteqrHost:
-    leaq .Lname99(%rip), %rdi
+    leaq .Lname101(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2004,7 +2060,7 @@ cusolverDnSsteqrHost:
     .globl cusolverDnSsterfHost
     .type cusolverDnSsterfHost, @function
 cusolverDnSsterfHost:
-    leaq .Lname100(%rip), %rdi
+    leaq .Lname102(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2052,7 +2108,7 @@ cusolverDnSsyevj_bufferSize:
     .globl cusolverDnSsygst
     .type cusolverDnSsygst, @function
 cusolverDnSsygst:
-    leaq .Lname101(%rip), %rdi
+    leaq .Lname103(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2060,7 +2116,7 @@ cusolverDnSsygst:
     .globl cusolverDnSsygst_bufferSize
     .type cusolverDnSsygst_bufferSize, @function
 cusolverDnSsygst_bufferSize:
-    leaq .Lname102(%rip), %rdi
+    leaq .Lname104(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2123,7 +2179,7 @@ cusolverDnSsytri:
     .globl cusolverDnSsytriHost
     .type cusolverDnSsytriHost, @function
 cusolverDnSsytriHost:
-    leaq .Lname103(%rip), %rdi
+    leaq .Lname105(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2136,7 +2192,7 @@ cusolverDnSsytri_bufferSize:
     .globl cusolverDnSsytrsHost
     .type cusolverDnSsytrsHost, @function
 cusolverDnSsytrsHost:
-    leaq .Lname104(%rip), %rdi
+    leaq .Lname106(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2144,7 +2200,7 @@ cusolverDnSsytrsHost:
     .globl cusolverDnStrtriHost
     .type cusolverDnStrtriHost, @function
 cusolverDnStrtriHost:
-    leaq .Lname105(%rip), %rdi
+    leaq .Lname107(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2152,7 +2208,7 @@ cusolverDnStrtriHost:
     .globl cusolverDnXfillRandNormalOnDevice
     .type cusolverDnXfillRandNormalOnDevice, @function
 cusolverDnXfillRandNormalOnDevice:
-    leaq .Lname106(%rip), %rdi
+    leaq .Lname108(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2160,7 +2216,7 @@ cusolverDnXfillRandNormalOnDevice:
     .globl cusolverDnXfillRandNormalOnHost
     .type cusolverDnXfillRandNormalOnHost, @function
 cusolverDnXfillRandNormalOnHost:
-    leaq .Lname107(%rip), %rdi
+    leaq .Lname109(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2255,10 +2311,30 @@ cusolverDnXgetrf_bufferSize:
 cusolverDnXgetrs:
     jmp __chidori_cusolver_cusolverDnXgetrs@PLT
     .size cusolverDnXgetrs, .-cusolverDnXgetrs
+    .globl cusolverDnXhetrf
+    .type cusolverDnXhetrf, @function
+cusolverDnXhetrf:
+    jmp __chidori_cusolver_cusolverDnXhetrf@PLT
+    .size cusolverDnXhetrf, .-cusolverDnXhetrf
+    .globl cusolverDnXhetrf_bufferSize
+    .type cusolverDnXhetrf_bufferSize, @function
+cusolverDnXhetrf_bufferSize:
+    jmp __chidori_cusolver_cusolverDnXhetrf_bufferSize@PLT
+    .size cusolverDnXhetrf_bufferSize, .-cusolverDnXhetrf_bufferSize
+    .globl cusolverDnXhetrs
+    .type cusolverDnXhetrs, @function
+cusolverDnXhetrs:
+    jmp __chidori_cusolver_cusolverDnXhetrs@PLT
+    .size cusolverDnXhetrs, .-cusolverDnXhetrs
+    .globl cusolverDnXhetrs_bufferSize
+    .type cusolverDnXhetrs_bufferSize, @function
+cusolverDnXhetrs_bufferSize:
+    jmp __chidori_cusolver_cusolverDnXhetrs_bufferSize@PLT
+    .size cusolverDnXhetrs_bufferSize, .-cusolverDnXhetrs_bufferSize
     .globl cusolverDnXlansy
     .type cusolverDnXlansy, @function
 cusolverDnXlansy:
-    leaq .Lname108(%rip), %rdi
+    leaq .Lname110(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2266,7 +2342,7 @@ cusolverDnXlansy:
     .globl cusolverDnXlansy_bufferSize
     .type cusolverDnXlansy_bufferSize, @function
 cusolverDnXlansy_bufferSize:
-    leaq .Lname109(%rip), %rdi
+    leaq .Lname111(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2281,6 +2357,16 @@ cusolverDnXlarft:
 cusolverDnXlarft_bufferSize:
     jmp __chidori_cusolver_cusolverDnXlarft_bufferSize@PLT
     .size cusolverDnXlarft_bufferSize, .-cusolverDnXlarft_bufferSize
+    .globl cusolverDnXpolar
+    .type cusolverDnXpolar, @function
+cusolverDnXpolar:
+    jmp __chidori_cusolver_cusolverDnXpolar@PLT
+    .size cusolverDnXpolar, .-cusolverDnXpolar
+    .globl cusolverDnXpolar_bufferSize
+    .type cusolverDnXpolar_bufferSize, @function
+cusolverDnXpolar_bufferSize:
+    jmp __chidori_cusolver_cusolverDnXpolar_bufferSize@PLT
+    .size cusolverDnXpolar_bufferSize, .-cusolverDnXpolar_bufferSize
     .globl cusolverDnXpotrf
     .type cusolverDnXpotrf, @function
 cusolverDnXpotrf:
@@ -2296,6 +2382,16 @@ cusolverDnXpotrf_bufferSize:
 cusolverDnXpotrs:
     jmp __chidori_cusolver_cusolverDnXpotrs@PLT
     .size cusolverDnXpotrs, .-cusolverDnXpotrs
+    .globl cusolverDnXstedc
+    .type cusolverDnXstedc, @function
+cusolverDnXstedc:
+    jmp __chidori_cusolver_cusolverDnXstedc@PLT
+    .size cusolverDnXstedc, .-cusolverDnXstedc
+    .globl cusolverDnXstedc_bufferSize
+    .type cusolverDnXstedc_bufferSize, @function
+cusolverDnXstedc_bufferSize:
+    jmp __chidori_cusolver_cusolverDnXstedc_bufferSize@PLT
+    .size cusolverDnXstedc_bufferSize, .-cusolverDnXstedc_bufferSize
     .globl cusolverDnXsyevBatched
     .type cusolverDnXsyevBatched, @function
 cusolverDnXsyevBatched:
@@ -2351,6 +2447,46 @@ cusolverDnXsyevjSetSortEig:
 cusolverDnXsyevjSetTolerance:
     jmp __chidori_cusolver_cusolverDnXsyevjSetTolerance@PLT
     .size cusolverDnXsyevjSetTolerance, .-cusolverDnXsyevjSetTolerance
+    .globl cusolverDnXsygvStridedBatched
+    .type cusolverDnXsygvStridedBatched, @function
+cusolverDnXsygvStridedBatched:
+    jmp __chidori_cusolver_cusolverDnXsygvStridedBatched@PLT
+    .size cusolverDnXsygvStridedBatched, .-cusolverDnXsygvStridedBatched
+    .globl cusolverDnXsygvStridedBatched_bufferSize
+    .type cusolverDnXsygvStridedBatched_bufferSize, @function
+cusolverDnXsygvStridedBatched_bufferSize:
+    jmp __chidori_cusolver_cusolverDnXsygvStridedBatched_bufferSize@PLT
+    .size cusolverDnXsygvStridedBatched_bufferSize, .-cusolverDnXsygvStridedBatched_bufferSize
+    .globl cusolverDnXsygvd
+    .type cusolverDnXsygvd, @function
+cusolverDnXsygvd:
+    jmp __chidori_cusolver_cusolverDnXsygvd@PLT
+    .size cusolverDnXsygvd, .-cusolverDnXsygvd
+    .globl cusolverDnXsygvd_bufferSize
+    .type cusolverDnXsygvd_bufferSize, @function
+cusolverDnXsygvd_bufferSize:
+    jmp __chidori_cusolver_cusolverDnXsygvd_bufferSize@PLT
+    .size cusolverDnXsygvd_bufferSize, .-cusolverDnXsygvd_bufferSize
+    .globl cusolverDnXsygvdx
+    .type cusolverDnXsygvdx, @function
+cusolverDnXsygvdx:
+    jmp __chidori_cusolver_cusolverDnXsygvdx@PLT
+    .size cusolverDnXsygvdx, .-cusolverDnXsygvdx
+    .globl cusolverDnXsygvdx_bufferSize
+    .type cusolverDnXsygvdx_bufferSize, @function
+cusolverDnXsygvdx_bufferSize:
+    jmp __chidori_cusolver_cusolverDnXsygvdx_bufferSize@PLT
+    .size cusolverDnXsygvdx_bufferSize, .-cusolverDnXsygvdx_bufferSize
+    .globl cusolverDnXsytrf
+    .type cusolverDnXsytrf, @function
+cusolverDnXsytrf:
+    jmp __chidori_cusolver_cusolverDnXsytrf@PLT
+    .size cusolverDnXsytrf, .-cusolverDnXsytrf
+    .globl cusolverDnXsytrf_bufferSize
+    .type cusolverDnXsytrf_bufferSize, @function
+cusolverDnXsytrf_bufferSize:
+    jmp __chidori_cusolver_cusolverDnXsytrf_bufferSize@PLT
+    .size cusolverDnXsytrf_bufferSize, .-cusolverDnXsytrf_bufferSize
     .globl cusolverDnXsytrs
     .type cusolverDnXsytrs, @function
 cusolverDnXsytrs:
@@ -2474,7 +2610,7 @@ cusolverDnZZgesv_bufferSize:
     .globl cusolverDnZaxpyHost
     .type cusolverDnZaxpyHost, @function
 cusolverDnZaxpyHost:
-    leaq .Lname110(%rip), %rdi
+    leaq .Lname112(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2482,7 +2618,7 @@ cusolverDnZaxpyHost:
     .globl cusolverDnZdscalHost
     .type cusolverDnZdscalHost, @function
 cusolverDnZdscalHost:
-    leaq .Lname111(%rip), %rdi
+    leaq .Lname113(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2490,7 +2626,7 @@ cusolverDnZdscalHost:
     .globl cusolverDnZeyeBatch
     .type cusolverDnZeyeBatch, @function
 cusolverDnZeyeBatch:
-    leaq .Lname112(%rip), %rdi
+    leaq .Lname114(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2508,7 +2644,7 @@ cusolverDnZgebrd_bufferSize:
     .globl cusolverDnZgelqfHost
     .type cusolverDnZgelqfHost, @function
 cusolverDnZgelqfHost:
-    leaq .Lname113(%rip), %rdi
+    leaq .Lname115(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2516,7 +2652,7 @@ cusolverDnZgelqfHost:
     .globl cusolverDnZgemmHost
     .type cusolverDnZgemmHost, @function
 cusolverDnZgemmHost:
-    leaq .Lname114(%rip), %rdi
+    leaq .Lname116(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2524,7 +2660,7 @@ cusolverDnZgemmHost:
     .globl cusolverDnZgeqlfHost
     .type cusolverDnZgeqlfHost, @function
 cusolverDnZgeqlfHost:
-    leaq .Lname115(%rip), %rdi
+    leaq .Lname117(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2537,7 +2673,7 @@ cusolverDnZgeqrf:
     .globl cusolverDnZgeqrfHost
     .type cusolverDnZgeqrfHost, @function
 cusolverDnZgeqrfHost:
-    leaq .Lname116(%rip), %rdi
+    leaq .Lname118(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2645,7 +2781,7 @@ cusolverDnZheevj_bufferSize:
     .globl cusolverDnZhegst
     .type cusolverDnZhegst, @function
 cusolverDnZhegst:
-    leaq .Lname117(%rip), %rdi
+    leaq .Lname119(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2653,7 +2789,7 @@ cusolverDnZhegst:
     .globl cusolverDnZhegst_bufferSize
     .type cusolverDnZhegst_bufferSize, @function
 cusolverDnZhegst_bufferSize:
-    leaq .Lname118(%rip), %rdi
+    leaq .Lname120(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2698,10 +2834,26 @@ cusolverDnZhetrd:
 cusolverDnZhetrd_bufferSize:
     jmp __chidori_cusolver_cusolverDnZhetrd_bufferSize@PLT
     .size cusolverDnZhetrd_bufferSize, .-cusolverDnZhetrd_bufferSize
+    .globl cusolverDnZhetrf
+    .type cusolverDnZhetrf, @function
+cusolverDnZhetrf:
+    leaq .Lname121(%rip), %rdi
+    movq $9, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cusolverDnZhetrf, .-cusolverDnZhetrf
+    .globl cusolverDnZhetrf_bufferSize
+    .type cusolverDnZhetrf_bufferSize, @function
+cusolverDnZhetrf_bufferSize:
+    leaq .Lname122(%rip), %rdi
+    movq $9, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cusolverDnZhetrf_bufferSize, .-cusolverDnZhetrf_bufferSize
     .globl cusolverDnZlacpyHost
     .type cusolverDnZlacpyHost, @function
 cusolverDnZlacpyHost:
-    leaq .Lname119(%rip), %rdi
+    leaq .Lname123(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2709,7 +2861,7 @@ cusolverDnZlacpyHost:
     .globl cusolverDnZlange
     .type cusolverDnZlange, @function
 cusolverDnZlange:
-    leaq .Lname120(%rip), %rdi
+    leaq .Lname124(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2717,7 +2869,7 @@ cusolverDnZlange:
     .globl cusolverDnZlangeHost
     .type cusolverDnZlangeHost, @function
 cusolverDnZlangeHost:
-    leaq .Lname121(%rip), %rdi
+    leaq .Lname125(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2725,7 +2877,7 @@ cusolverDnZlangeHost:
     .globl cusolverDnZlange_bufferSize
     .type cusolverDnZlange_bufferSize, @function
 cusolverDnZlange_bufferSize:
-    leaq .Lname122(%rip), %rdi
+    leaq .Lname126(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2733,7 +2885,7 @@ cusolverDnZlange_bufferSize:
     .globl cusolverDnZlanheHost
     .type cusolverDnZlanheHost, @function
 cusolverDnZlanheHost:
-    leaq .Lname123(%rip), %rdi
+    leaq .Lname127(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2741,7 +2893,7 @@ cusolverDnZlanheHost:
     .globl cusolverDnZlantrHost
     .type cusolverDnZlantrHost, @function
 cusolverDnZlantrHost:
-    leaq .Lname124(%rip), %rdi
+    leaq .Lname128(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2749,7 +2901,7 @@ cusolverDnZlantrHost:
     .globl cusolverDnZlarfgHost
     .type cusolverDnZlarfgHost, @function
 cusolverDnZlarfgHost:
-    leaq .Lname125(%rip), %rdi
+    leaq .Lname129(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2757,7 +2909,7 @@ cusolverDnZlarfgHost:
     .globl cusolverDnZlarnvHost
     .type cusolverDnZlarnvHost, @function
 cusolverDnZlarnvHost:
-    leaq .Lname126(%rip), %rdi
+    leaq .Lname130(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2765,7 +2917,7 @@ cusolverDnZlarnvHost:
     .globl cusolverDnZlasetHost
     .type cusolverDnZlasetHost, @function
 cusolverDnZlasetHost:
-    leaq .Lname127(%rip), %rdi
+    leaq .Lname131(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2783,7 +2935,7 @@ cusolverDnZlauum:
     .globl cusolverDnZlauumHost
     .type cusolverDnZlauumHost, @function
 cusolverDnZlauumHost:
-    leaq .Lname128(%rip), %rdi
+    leaq .Lname132(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2796,7 +2948,7 @@ cusolverDnZlauum_bufferSize:
     .globl cusolverDnZnrm2Host
     .type cusolverDnZnrm2Host, @function
 cusolverDnZnrm2Host:
-    leaq .Lname129(%rip), %rdi
+    leaq .Lname133(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2814,7 +2966,7 @@ cusolverDnZpotrfBatched:
     .globl cusolverDnZpotrfHost
     .type cusolverDnZpotrfHost, @function
 cusolverDnZpotrfHost:
-    leaq .Lname130(%rip), %rdi
+    leaq .Lname134(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2832,7 +2984,7 @@ cusolverDnZpotri:
     .globl cusolverDnZpotriHost
     .type cusolverDnZpotriHost, @function
 cusolverDnZpotriHost:
-    leaq .Lname131(%rip), %rdi
+    leaq .Lname135(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2855,7 +3007,7 @@ cusolverDnZpotrsBatched:
     .globl cusolverDnZpotrsHost
     .type cusolverDnZpotrsHost, @function
 cusolverDnZpotrsHost:
-    leaq .Lname132(%rip), %rdi
+    leaq .Lname136(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2878,7 +3030,7 @@ cusolverDnZsytri:
     .globl cusolverDnZsytriHost
     .type cusolverDnZsytriHost, @function
 cusolverDnZsytriHost:
-    leaq .Lname133(%rip), %rdi
+    leaq .Lname137(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2891,7 +3043,7 @@ cusolverDnZsytri_bufferSize:
     .globl cusolverDnZsytrsHost
     .type cusolverDnZsytrsHost, @function
 cusolverDnZsytrsHost:
-    leaq .Lname134(%rip), %rdi
+    leaq .Lname138(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2899,7 +3051,7 @@ cusolverDnZsytrsHost:
     .globl cusolverDnZtrtriHost
     .type cusolverDnZtrtriHost, @function
 cusolverDnZtrtriHost:
-    leaq .Lname135(%rip), %rdi
+    leaq .Lname139(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2912,7 +3064,7 @@ cusolverDnZungbr:
     .globl cusolverDnZungbrHost
     .type cusolverDnZungbrHost, @function
 cusolverDnZungbrHost:
-    leaq .Lname136(%rip), %rdi
+    leaq .Lname140(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2925,7 +3077,7 @@ cusolverDnZungbr_bufferSize:
     .globl cusolverDnZunghrHost
     .type cusolverDnZunghrHost, @function
 cusolverDnZunghrHost:
-    leaq .Lname137(%rip), %rdi
+    leaq .Lname141(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2933,7 +3085,7 @@ cusolverDnZunghrHost:
     .globl cusolverDnZunglqHost
     .type cusolverDnZunglqHost, @function
 cusolverDnZunglqHost:
-    leaq .Lname138(%rip), %rdi
+    leaq .Lname142(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2956,7 +3108,7 @@ cusolverDnZungtr:
     .globl cusolverDnZungtrHost
     .type cusolverDnZungtrHost, @function
 cusolverDnZungtrHost:
-    leaq .Lname139(%rip), %rdi
+    leaq .Lname143(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2974,7 +3126,7 @@ cusolverDnZunmqr:
     .globl cusolverDnZunmqrHost
     .type cusolverDnZunmqrHost, @function
 cusolverDnZunmqrHost:
-    leaq .Lname140(%rip), %rdi
+    leaq .Lname144(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2992,7 +3144,7 @@ cusolverDnZunmtr:
     .globl cusolverDnZunmtrHost
     .type cusolverDnZunmtrHost, @function
 cusolverDnZunmtrHost:
-    leaq .Lname141(%rip), %rdi
+    leaq .Lname145(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3015,7 +3167,7 @@ cusolverGetVersion:
     .globl cusolverIidentityHost
     .type cusolverIidentityHost, @function
 cusolverIidentityHost:
-    leaq .Lname142(%rip), %rdi
+    leaq .Lname146(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3023,7 +3175,7 @@ cusolverIidentityHost:
     .globl cusolverRfAccessBundledFactorsDevice
     .type cusolverRfAccessBundledFactorsDevice, @function
 cusolverRfAccessBundledFactorsDevice:
-    leaq .Lname143(%rip), %rdi
+    leaq .Lname147(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3051,7 +3203,7 @@ cusolverRfBatchResetValues:
     .globl cusolverRfBatchSetupHost
     .type cusolverRfBatchSetupHost, @function
 cusolverRfBatchSetupHost:
-    leaq .Lname144(%rip), %rdi
+    leaq .Lname148(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3059,7 +3211,7 @@ cusolverRfBatchSetupHost:
     .globl cusolverRfBatchSolve
     .type cusolverRfBatchSolve, @function
 cusolverRfBatchSolve:
-    leaq .Lname145(%rip), %rdi
+    leaq .Lname149(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3067,7 +3219,7 @@ cusolverRfBatchSolve:
     .globl cusolverRfBatchZeroPivot
     .type cusolverRfBatchZeroPivot, @function
 cusolverRfBatchZeroPivot:
-    leaq .Lname146(%rip), %rdi
+    leaq .Lname150(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3085,7 +3237,7 @@ cusolverRfDestroy:
     .globl cusolverRfExtractBundledFactorsHost
     .type cusolverRfExtractBundledFactorsHost, @function
 cusolverRfExtractBundledFactorsHost:
-    leaq .Lname147(%rip), %rdi
+    leaq .Lname151(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3093,7 +3245,7 @@ cusolverRfExtractBundledFactorsHost:
     .globl cusolverRfExtractSplitFactorsHost
     .type cusolverRfExtractSplitFactorsHost, @function
 cusolverRfExtractSplitFactorsHost:
-    leaq .Lname148(%rip), %rdi
+    leaq .Lname152(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3166,7 +3318,7 @@ cusolverRfSetupHost:
     .globl cusolverRfSetupM
     .type cusolverRfSetupM, @function
 cusolverRfSetupM:
-    leaq .Lname149(%rip), %rdi
+    leaq .Lname153(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3179,7 +3331,7 @@ cusolverRfSolve:
     .globl cusolverSpCcsrbtfHost
     .type cusolverSpCcsrbtfHost, @function
 cusolverSpCcsrbtfHost:
-    leaq .Lname150(%rip), %rdi
+    leaq .Lname154(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3277,7 +3429,7 @@ cusolverSpCcsrlsvqrHost:
     .globl cusolverSpCcsrluAnalysisHost
     .type cusolverSpCcsrluAnalysisHost, @function
 cusolverSpCcsrluAnalysisHost:
-    leaq .Lname151(%rip), %rdi
+    leaq .Lname155(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3290,7 +3442,7 @@ cusolverSpCcsrluBufferInfoHost:
     .globl cusolverSpCcsrluExtractBTFHost
     .type cusolverSpCcsrluExtractBTFHost, @function
 cusolverSpCcsrluExtractBTFHost:
-    leaq .Lname152(%rip), %rdi
+    leaq .Lname156(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3303,7 +3455,7 @@ cusolverSpCcsrluExtractHost:
     .globl cusolverSpCcsrluExtractMHost
     .type cusolverSpCcsrluExtractMHost, @function
 cusolverSpCcsrluExtractMHost:
-    leaq .Lname153(%rip), %rdi
+    leaq .Lname157(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3326,7 +3478,7 @@ cusolverSpCcsrluZeroPivotHost:
     .globl cusolverSpCcsrlucondHost
     .type cusolverSpCcsrlucondHost, @function
 cusolverSpCcsrlucondHost:
-    leaq .Lname154(%rip), %rdi
+    leaq .Lname158(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3389,7 +3541,7 @@ cusolverSpCcsrqrZeroPivotHost:
     .globl cusolverSpCcsrqrrcond
     .type cusolverSpCcsrqrrcond, @function
 cusolverSpCcsrqrrcond:
-    leaq .Lname155(%rip), %rdi
+    leaq .Lname159(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3402,7 +3554,7 @@ cusolverSpCcsrqrsvBatched:
     .globl cusolverSpCcsrsubm2denseHost
     .type cusolverSpCcsrsubm2denseHost, @function
 cusolverSpCcsrsubm2denseHost:
-    leaq .Lname156(%rip), %rdi
+    leaq .Lname160(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3445,7 +3597,7 @@ cusolverSpCreateCsrqrInfoHost:
     .globl cusolverSpCreateGluInfo
     .type cusolverSpCreateGluInfo, @function
 cusolverSpCreateGluInfo:
-    leaq .Lname157(%rip), %rdi
+    leaq .Lname161(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3453,7 +3605,7 @@ cusolverSpCreateGluInfo:
     .globl cusolverSpCreateSnluInfo
     .type cusolverSpCreateSnluInfo, @function
 cusolverSpCreateSnluInfo:
-    leaq .Lname158(%rip), %rdi
+    leaq .Lname162(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3461,7 +3613,7 @@ cusolverSpCreateSnluInfo:
     .globl cusolverSpCsnluBuffersize
     .type cusolverSpCsnluBuffersize, @function
 cusolverSpCsnluBuffersize:
-    leaq .Lname159(%rip), %rdi
+    leaq .Lname163(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3469,7 +3621,7 @@ cusolverSpCsnluBuffersize:
     .globl cusolverSpCsnluFactor
     .type cusolverSpCsnluFactor, @function
 cusolverSpCsnluFactor:
-    leaq .Lname160(%rip), %rdi
+    leaq .Lname164(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3477,7 +3629,7 @@ cusolverSpCsnluFactor:
     .globl cusolverSpCsnluSolve
     .type cusolverSpCsnluSolve, @function
 cusolverSpCsnluSolve:
-    leaq .Lname161(%rip), %rdi
+    leaq .Lname165(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3485,7 +3637,7 @@ cusolverSpCsnluSolve:
     .globl cusolverSpCsymgthr
     .type cusolverSpCsymgthr, @function
 cusolverSpCsymgthr:
-    leaq .Lname162(%rip), %rdi
+    leaq .Lname166(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3493,7 +3645,7 @@ cusolverSpCsymgthr:
     .globl cusolverSpCsymgthrHost
     .type cusolverSpCsymgthrHost, @function
 cusolverSpCsymgthrHost:
-    leaq .Lname163(%rip), %rdi
+    leaq .Lname167(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3501,7 +3653,7 @@ cusolverSpCsymgthrHost:
     .globl cusolverSpDcsrbtfHost
     .type cusolverSpDcsrbtfHost, @function
 cusolverSpDcsrbtfHost:
-    leaq .Lname164(%rip), %rdi
+    leaq .Lname168(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3599,7 +3751,7 @@ cusolverSpDcsrlsvqrHost:
     .globl cusolverSpDcsrluAnalysisHost
     .type cusolverSpDcsrluAnalysisHost, @function
 cusolverSpDcsrluAnalysisHost:
-    leaq .Lname165(%rip), %rdi
+    leaq .Lname169(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3612,7 +3764,7 @@ cusolverSpDcsrluBufferInfoHost:
     .globl cusolverSpDcsrluExtractBTFHost
     .type cusolverSpDcsrluExtractBTFHost, @function
 cusolverSpDcsrluExtractBTFHost:
-    leaq .Lname166(%rip), %rdi
+    leaq .Lname170(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3625,7 +3777,7 @@ cusolverSpDcsrluExtractHost:
     .globl cusolverSpDcsrluExtractMHost
     .type cusolverSpDcsrluExtractMHost, @function
 cusolverSpDcsrluExtractMHost:
-    leaq .Lname167(%rip), %rdi
+    leaq .Lname171(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3648,7 +3800,7 @@ cusolverSpDcsrluZeroPivotHost:
     .globl cusolverSpDcsrlucondHost
     .type cusolverSpDcsrlucondHost, @function
 cusolverSpDcsrlucondHost:
-    leaq .Lname168(%rip), %rdi
+    leaq .Lname172(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3711,7 +3863,7 @@ cusolverSpDcsrqrZeroPivotHost:
     .globl cusolverSpDcsrqrrcond
     .type cusolverSpDcsrqrrcond, @function
 cusolverSpDcsrqrrcond:
-    leaq .Lname169(%rip), %rdi
+    leaq .Lname173(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3724,7 +3876,7 @@ cusolverSpDcsrqrsvBatched:
     .globl cusolverSpDcsrsubm2denseHost
     .type cusolverSpDcsrsubm2denseHost, @function
 cusolverSpDcsrsubm2denseHost:
-    leaq .Lname170(%rip), %rdi
+    leaq .Lname174(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3767,7 +3919,7 @@ cusolverSpDestroyCsrqrInfoHost:
     .globl cusolverSpDestroyGluInfo
     .type cusolverSpDestroyGluInfo, @function
 cusolverSpDestroyGluInfo:
-    leaq .Lname171(%rip), %rdi
+    leaq .Lname175(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3775,7 +3927,7 @@ cusolverSpDestroyGluInfo:
     .globl cusolverSpDestroySnluInfo
     .type cusolverSpDestroySnluInfo, @function
 cusolverSpDestroySnluInfo:
-    leaq .Lname172(%rip), %rdi
+    leaq .Lname176(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3783,7 +3935,7 @@ cusolverSpDestroySnluInfo:
     .globl cusolverSpDgluAnalysis
     .type cusolverSpDgluAnalysis, @function
 cusolverSpDgluAnalysis:
-    leaq .Lname173(%rip), %rdi
+    leaq .Lname177(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3791,7 +3943,7 @@ cusolverSpDgluAnalysis:
     .globl cusolverSpDgluBufferSize
     .type cusolverSpDgluBufferSize, @function
 cusolverSpDgluBufferSize:
-    leaq .Lname174(%rip), %rdi
+    leaq .Lname178(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3799,7 +3951,7 @@ cusolverSpDgluBufferSize:
     .globl cusolverSpDgluExtractMHost
     .type cusolverSpDgluExtractMHost, @function
 cusolverSpDgluExtractMHost:
-    leaq .Lname175(%rip), %rdi
+    leaq .Lname179(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3807,7 +3959,7 @@ cusolverSpDgluExtractMHost:
     .globl cusolverSpDgluFactor
     .type cusolverSpDgluFactor, @function
 cusolverSpDgluFactor:
-    leaq .Lname176(%rip), %rdi
+    leaq .Lname180(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3815,7 +3967,7 @@ cusolverSpDgluFactor:
     .globl cusolverSpDgluNumericBoost
     .type cusolverSpDgluNumericBoost, @function
 cusolverSpDgluNumericBoost:
-    leaq .Lname177(%rip), %rdi
+    leaq .Lname181(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3823,7 +3975,7 @@ cusolverSpDgluNumericBoost:
     .globl cusolverSpDgluReset
     .type cusolverSpDgluReset, @function
 cusolverSpDgluReset:
-    leaq .Lname178(%rip), %rdi
+    leaq .Lname182(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3831,7 +3983,7 @@ cusolverSpDgluReset:
     .globl cusolverSpDgluSetup
     .type cusolverSpDgluSetup, @function
 cusolverSpDgluSetup:
-    leaq .Lname179(%rip), %rdi
+    leaq .Lname183(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3839,7 +3991,7 @@ cusolverSpDgluSetup:
     .globl cusolverSpDgluSetupByTile
     .type cusolverSpDgluSetupByTile, @function
 cusolverSpDgluSetupByTile:
-    leaq .Lname180(%rip), %rdi
+    leaq .Lname184(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3847,7 +3999,7 @@ cusolverSpDgluSetupByTile:
     .globl cusolverSpDgluSolve
     .type cusolverSpDgluSolve, @function
 cusolverSpDgluSolve:
-    leaq .Lname181(%rip), %rdi
+    leaq .Lname185(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3855,7 +4007,7 @@ cusolverSpDgluSolve:
     .globl cusolverSpDnrminf
     .type cusolverSpDnrminf, @function
 cusolverSpDnrminf:
-    leaq .Lname182(%rip), %rdi
+    leaq .Lname186(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3863,7 +4015,7 @@ cusolverSpDnrminf:
     .globl cusolverSpDsnluBuffersize
     .type cusolverSpDsnluBuffersize, @function
 cusolverSpDsnluBuffersize:
-    leaq .Lname183(%rip), %rdi
+    leaq .Lname187(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3871,7 +4023,7 @@ cusolverSpDsnluBuffersize:
     .globl cusolverSpDsnluFactor
     .type cusolverSpDsnluFactor, @function
 cusolverSpDsnluFactor:
-    leaq .Lname184(%rip), %rdi
+    leaq .Lname188(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3879,7 +4031,7 @@ cusolverSpDsnluFactor:
     .globl cusolverSpDsnluSolve
     .type cusolverSpDsnluSolve, @function
 cusolverSpDsnluSolve:
-    leaq .Lname185(%rip), %rdi
+    leaq .Lname189(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3887,7 +4039,7 @@ cusolverSpDsnluSolve:
     .globl cusolverSpDsymgthr
     .type cusolverSpDsymgthr, @function
 cusolverSpDsymgthr:
-    leaq .Lname186(%rip), %rdi
+    leaq .Lname190(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3895,7 +4047,7 @@ cusolverSpDsymgthr:
     .globl cusolverSpDsymgthrHost
     .type cusolverSpDsymgthrHost, @function
 cusolverSpDsymgthrHost:
-    leaq .Lname187(%rip), %rdi
+    leaq .Lname191(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3908,7 +4060,7 @@ cusolverSpGetStream:
     .globl cusolverSpLcsrqrBufferInfo
     .type cusolverSpLcsrqrBufferInfo, @function
 cusolverSpLcsrqrBufferInfo:
-    leaq .Lname188(%rip), %rdi
+    leaq .Lname192(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3916,7 +4068,7 @@ cusolverSpLcsrqrBufferInfo:
     .globl cusolverSpLcsrqrFactor
     .type cusolverSpLcsrqrFactor, @function
 cusolverSpLcsrqrFactor:
-    leaq .Lname189(%rip), %rdi
+    leaq .Lname193(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3924,7 +4076,7 @@ cusolverSpLcsrqrFactor:
     .globl cusolverSpLcsrqrSetup
     .type cusolverSpLcsrqrSetup, @function
 cusolverSpLcsrqrSetup:
-    leaq .Lname190(%rip), %rdi
+    leaq .Lname194(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3932,7 +4084,7 @@ cusolverSpLcsrqrSetup:
     .globl cusolverSpLcsrqrSolve
     .type cusolverSpLcsrqrSolve, @function
 cusolverSpLcsrqrSolve:
-    leaq .Lname191(%rip), %rdi
+    leaq .Lname195(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3940,7 +4092,7 @@ cusolverSpLcsrqrSolve:
     .globl cusolverSpLcsrqrSolveRefine
     .type cusolverSpLcsrqrSolveRefine, @function
 cusolverSpLcsrqrSolveRefine:
-    leaq .Lname192(%rip), %rdi
+    leaq .Lname196(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3948,7 +4100,7 @@ cusolverSpLcsrqrSolveRefine:
     .globl cusolverSpLcsrqrZeroPivot
     .type cusolverSpLcsrqrZeroPivot, @function
 cusolverSpLcsrqrZeroPivot:
-    leaq .Lname193(%rip), %rdi
+    leaq .Lname197(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3956,7 +4108,7 @@ cusolverSpLcsrqrZeroPivot:
     .globl cusolverSpLcsrqrrcond
     .type cusolverSpLcsrqrrcond, @function
 cusolverSpLcsrqrrcond:
-    leaq .Lname194(%rip), %rdi
+    leaq .Lname198(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3964,7 +4116,7 @@ cusolverSpLcsrqrrcond:
     .globl cusolverSpQcsrqrBufferInfo
     .type cusolverSpQcsrqrBufferInfo, @function
 cusolverSpQcsrqrBufferInfo:
-    leaq .Lname195(%rip), %rdi
+    leaq .Lname199(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3972,7 +4124,7 @@ cusolverSpQcsrqrBufferInfo:
     .globl cusolverSpQcsrqrFactor
     .type cusolverSpQcsrqrFactor, @function
 cusolverSpQcsrqrFactor:
-    leaq .Lname196(%rip), %rdi
+    leaq .Lname200(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3980,7 +4132,7 @@ cusolverSpQcsrqrFactor:
     .globl cusolverSpQcsrqrSetup
     .type cusolverSpQcsrqrSetup, @function
 cusolverSpQcsrqrSetup:
-    leaq .Lname197(%rip), %rdi
+    leaq .Lname201(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3988,7 +4140,7 @@ cusolverSpQcsrqrSetup:
     .globl cusolverSpQcsrqrSolve
     .type cusolverSpQcsrqrSolve, @function
 cusolverSpQcsrqrSolve:
-    leaq .Lname198(%rip), %rdi
+    leaq .Lname202(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3996,7 +4148,7 @@ cusolverSpQcsrqrSolve:
     .globl cusolverSpQcsrqrSolveRefine
     .type cusolverSpQcsrqrSolveRefine, @function
 cusolverSpQcsrqrSolveRefine:
-    leaq .Lname199(%rip), %rdi
+    leaq .Lname203(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4004,7 +4156,7 @@ cusolverSpQcsrqrSolveRefine:
     .globl cusolverSpQcsrqrZeroPivot
     .type cusolverSpQcsrqrZeroPivot, @function
 cusolverSpQcsrqrZeroPivot:
-    leaq .Lname200(%rip), %rdi
+    leaq .Lname204(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4012,7 +4164,7 @@ cusolverSpQcsrqrZeroPivot:
     .globl cusolverSpQcsrqrrcond
     .type cusolverSpQcsrqrrcond, @function
 cusolverSpQcsrqrrcond:
-    leaq .Lname201(%rip), %rdi
+    leaq .Lname205(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4020,7 +4172,7 @@ cusolverSpQcsrqrrcond:
     .globl cusolverSpScsrbtfHost
     .type cusolverSpScsrbtfHost, @function
 cusolverSpScsrbtfHost:
-    leaq .Lname202(%rip), %rdi
+    leaq .Lname206(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4118,7 +4270,7 @@ cusolverSpScsrlsvqrHost:
     .globl cusolverSpScsrluAnalysisHost
     .type cusolverSpScsrluAnalysisHost, @function
 cusolverSpScsrluAnalysisHost:
-    leaq .Lname203(%rip), %rdi
+    leaq .Lname207(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4131,7 +4283,7 @@ cusolverSpScsrluBufferInfoHost:
     .globl cusolverSpScsrluExtractBTFHost
     .type cusolverSpScsrluExtractBTFHost, @function
 cusolverSpScsrluExtractBTFHost:
-    leaq .Lname204(%rip), %rdi
+    leaq .Lname208(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4144,7 +4296,7 @@ cusolverSpScsrluExtractHost:
     .globl cusolverSpScsrluExtractMHost
     .type cusolverSpScsrluExtractMHost, @function
 cusolverSpScsrluExtractMHost:
-    leaq .Lname205(%rip), %rdi
+    leaq .Lname209(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4167,7 +4319,7 @@ cusolverSpScsrluZeroPivotHost:
     .globl cusolverSpScsrlucondHost
     .type cusolverSpScsrlucondHost, @function
 cusolverSpScsrlucondHost:
-    leaq .Lname206(%rip), %rdi
+    leaq .Lname210(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4230,7 +4382,7 @@ cusolverSpScsrqrZeroPivotHost:
     .globl cusolverSpScsrqrrcond
     .type cusolverSpScsrqrrcond, @function
 cusolverSpScsrqrrcond:
-    leaq .Lname207(%rip), %rdi
+    leaq .Lname211(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4243,7 +4395,7 @@ cusolverSpScsrqrsvBatched:
     .globl cusolverSpScsrsubm2denseHost
     .type cusolverSpScsrsubm2denseHost, @function
 cusolverSpScsrsubm2denseHost:
-    leaq .Lname208(%rip), %rdi
+    leaq .Lname212(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4261,7 +4413,7 @@ cusolverSpSetStream:
     .globl cusolverSpSsnluBuffersize
     .type cusolverSpSsnluBuffersize, @function
 cusolverSpSsnluBuffersize:
-    leaq .Lname209(%rip), %rdi
+    leaq .Lname213(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4269,7 +4421,7 @@ cusolverSpSsnluBuffersize:
     .globl cusolverSpSsnluFactor
     .type cusolverSpSsnluFactor, @function
 cusolverSpSsnluFactor:
-    leaq .Lname210(%rip), %rdi
+    leaq .Lname214(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4277,7 +4429,7 @@ cusolverSpSsnluFactor:
     .globl cusolverSpSsnluSolve
     .type cusolverSpSsnluSolve, @function
 cusolverSpSsnluSolve:
-    leaq .Lname211(%rip), %rdi
+    leaq .Lname215(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4285,7 +4437,7 @@ cusolverSpSsnluSolve:
     .globl cusolverSpSsymgthr
     .type cusolverSpSsymgthr, @function
 cusolverSpSsymgthr:
-    leaq .Lname212(%rip), %rdi
+    leaq .Lname216(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4293,7 +4445,7 @@ cusolverSpSsymgthr:
     .globl cusolverSpSsymgthrHost
     .type cusolverSpSsymgthrHost, @function
 cusolverSpSsymgthrHost:
-    leaq .Lname213(%rip), %rdi
+    leaq .Lname217(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4301,7 +4453,7 @@ cusolverSpSsymgthrHost:
     .globl cusolverSpXcsr2cscHost
     .type cusolverSpXcsr2cscHost, @function
 cusolverSpXcsr2cscHost:
-    leaq .Lname214(%rip), %rdi
+    leaq .Lname218(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4309,7 +4461,7 @@ cusolverSpXcsr2cscHost:
     .globl cusolverSpXcsr2csc_bufferSizeHost
     .type cusolverSpXcsr2csc_bufferSizeHost, @function
 cusolverSpXcsr2csc_bufferSizeHost:
-    leaq .Lname215(%rip), %rdi
+    leaq .Lname219(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4337,7 +4489,7 @@ cusolverSpXcsrluAnalysisHost:
     .globl cusolverSpXcsrluConfigHost
     .type cusolverSpXcsrluConfigHost, @function
 cusolverSpXcsrluConfigHost:
-    leaq .Lname216(%rip), %rdi
+    leaq .Lname220(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4350,7 +4502,7 @@ cusolverSpXcsrluNnzHost:
     .globl cusolverSpXcsrluNnzMHost
     .type cusolverSpXcsrluNnzMHost, @function
 cusolverSpXcsrluNnzMHost:
-    leaq .Lname217(%rip), %rdi
+    leaq .Lname221(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4363,7 +4515,7 @@ cusolverSpXcsrmetisndHost:
     .globl cusolverSpXcsrnsepHost
     .type cusolverSpXcsrnsepHost, @function
 cusolverSpXcsrnsepHost:
-    leaq .Lname218(%rip), %rdi
+    leaq .Lname222(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4396,7 +4548,7 @@ cusolverSpXcsrqrAnalysisHost:
     .globl cusolverSpXcsrqrConfigInfo
     .type cusolverSpXcsrqrConfigInfo, @function
 cusolverSpXcsrqrConfigInfo:
-    leaq .Lname219(%rip), %rdi
+    leaq .Lname223(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4404,7 +4556,7 @@ cusolverSpXcsrqrConfigInfo:
     .globl cusolverSpXcsrsubmHost
     .type cusolverSpXcsrsubmHost, @function
 cusolverSpXcsrsubmHost:
-    leaq .Lname220(%rip), %rdi
+    leaq .Lname224(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4412,7 +4564,7 @@ cusolverSpXcsrsubmHost:
     .globl cusolverSpXcsrsubmNnzHost
     .type cusolverSpXcsrsubmNnzHost, @function
 cusolverSpXcsrsubmNnzHost:
-    leaq .Lname221(%rip), %rdi
+    leaq .Lname225(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4430,7 +4582,7 @@ cusolverSpXcsrsymmdqHost:
     .globl cusolverSpXcsrsympermHost
     .type cusolverSpXcsrsympermHost, @function
 cusolverSpXcsrsympermHost:
-    leaq .Lname222(%rip), %rdi
+    leaq .Lname226(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4438,7 +4590,7 @@ cusolverSpXcsrsympermHost:
     .globl cusolverSpXcsrsymperm_bufferSizeHost
     .type cusolverSpXcsrsymperm_bufferSizeHost, @function
 cusolverSpXcsrsymperm_bufferSizeHost:
-    leaq .Lname223(%rip), %rdi
+    leaq .Lname227(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4451,7 +4603,7 @@ cusolverSpXcsrsymrcmHost:
     .globl cusolverSpXgluZeroPivot
     .type cusolverSpXgluZeroPivot, @function
 cusolverSpXgluZeroPivot:
-    leaq .Lname224(%rip), %rdi
+    leaq .Lname228(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4459,7 +4611,7 @@ cusolverSpXgluZeroPivot:
     .globl cusolverSpXsnluAnalysis
     .type cusolverSpXsnluAnalysis, @function
 cusolverSpXsnluAnalysis:
-    leaq .Lname225(%rip), %rdi
+    leaq .Lname229(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4467,7 +4619,7 @@ cusolverSpXsnluAnalysis:
     .globl cusolverSpXsnluFlops
     .type cusolverSpXsnluFlops, @function
 cusolverSpXsnluFlops:
-    leaq .Lname226(%rip), %rdi
+    leaq .Lname230(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4475,7 +4627,7 @@ cusolverSpXsnluFlops:
     .globl cusolverSpXsnluReport
     .type cusolverSpXsnluReport, @function
 cusolverSpXsnluReport:
-    leaq .Lname227(%rip), %rdi
+    leaq .Lname231(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4483,7 +4635,7 @@ cusolverSpXsnluReport:
     .globl cusolverSpXsnluResizeSupernodeBy
     .type cusolverSpXsnluResizeSupernodeBy, @function
 cusolverSpXsnluResizeSupernodeBy:
-    leaq .Lname228(%rip), %rdi
+    leaq .Lname232(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4491,7 +4643,7 @@ cusolverSpXsnluResizeSupernodeBy:
     .globl cusolverSpXsnluSetReorder
     .type cusolverSpXsnluSetReorder, @function
 cusolverSpXsnluSetReorder:
-    leaq .Lname229(%rip), %rdi
+    leaq .Lname233(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4499,7 +4651,7 @@ cusolverSpXsnluSetReorder:
     .globl cusolverSpZcsrbtfHost
     .type cusolverSpZcsrbtfHost, @function
 cusolverSpZcsrbtfHost:
-    leaq .Lname230(%rip), %rdi
+    leaq .Lname234(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4597,7 +4749,7 @@ cusolverSpZcsrlsvqrHost:
     .globl cusolverSpZcsrluAnalysisHost
     .type cusolverSpZcsrluAnalysisHost, @function
 cusolverSpZcsrluAnalysisHost:
-    leaq .Lname231(%rip), %rdi
+    leaq .Lname235(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4610,7 +4762,7 @@ cusolverSpZcsrluBufferInfoHost:
     .globl cusolverSpZcsrluExtractBTFHost
     .type cusolverSpZcsrluExtractBTFHost, @function
 cusolverSpZcsrluExtractBTFHost:
-    leaq .Lname232(%rip), %rdi
+    leaq .Lname236(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4623,7 +4775,7 @@ cusolverSpZcsrluExtractHost:
     .globl cusolverSpZcsrluExtractMHost
     .type cusolverSpZcsrluExtractMHost, @function
 cusolverSpZcsrluExtractMHost:
-    leaq .Lname233(%rip), %rdi
+    leaq .Lname237(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4646,7 +4798,7 @@ cusolverSpZcsrluZeroPivotHost:
     .globl cusolverSpZcsrlucondHost
     .type cusolverSpZcsrlucondHost, @function
 cusolverSpZcsrlucondHost:
-    leaq .Lname234(%rip), %rdi
+    leaq .Lname238(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4709,7 +4861,7 @@ cusolverSpZcsrqrZeroPivotHost:
     .globl cusolverSpZcsrqrrcond
     .type cusolverSpZcsrqrrcond, @function
 cusolverSpZcsrqrrcond:
-    leaq .Lname235(%rip), %rdi
+    leaq .Lname239(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4722,7 +4874,7 @@ cusolverSpZcsrqrsvBatched:
     .globl cusolverSpZcsrsubm2denseHost
     .type cusolverSpZcsrsubm2denseHost, @function
 cusolverSpZcsrsubm2denseHost:
-    leaq .Lname236(%rip), %rdi
+    leaq .Lname240(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4735,7 +4887,7 @@ cusolverSpZcsrzfdHost:
     .globl cusolverSpZsnluBuffersize
     .type cusolverSpZsnluBuffersize, @function
 cusolverSpZsnluBuffersize:
-    leaq .Lname237(%rip), %rdi
+    leaq .Lname241(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4743,7 +4895,7 @@ cusolverSpZsnluBuffersize:
     .globl cusolverSpZsnluFactor
     .type cusolverSpZsnluFactor, @function
 cusolverSpZsnluFactor:
-    leaq .Lname238(%rip), %rdi
+    leaq .Lname242(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4751,7 +4903,7 @@ cusolverSpZsnluFactor:
     .globl cusolverSpZsnluSolve
     .type cusolverSpZsnluSolve, @function
 cusolverSpZsnluSolve:
-    leaq .Lname239(%rip), %rdi
+    leaq .Lname243(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4759,7 +4911,7 @@ cusolverSpZsnluSolve:
     .globl cusolverSpZsymgthr
     .type cusolverSpZsymgthr, @function
 cusolverSpZsymgthr:
-    leaq .Lname240(%rip), %rdi
+    leaq .Lname244(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4767,7 +4919,7 @@ cusolverSpZsymgthr:
     .globl cusolverSpZsymgthrHost
     .type cusolverSpZsymgthrHost, @function
 cusolverSpZsymgthrHost:
-    leaq .Lname241(%rip), %rdi
+    leaq .Lname245(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4775,7 +4927,7 @@ cusolverSpZsymgthrHost:
     .globl cusolverXcsrqr_dump
     .type cusolverXcsrqr_dump, @function
 cusolverXcsrqr_dump:
-    leaq .Lname242(%rip), %rdi
+    leaq .Lname246(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4798,473 +4950,481 @@ cusolverXcsrqr_dump:
 .Lname7:
     .asciz "cusolverDnChegst_bufferSize"
 .Lname8:
-    .asciz "cusolverDnClacpyHost"
+    .asciz "cusolverDnChetrf"
 .Lname9:
-    .asciz "cusolverDnClange"
+    .asciz "cusolverDnChetrf_bufferSize"
 .Lname10:
-    .asciz "cusolverDnClangeHost"
+    .asciz "cusolverDnClacpyHost"
 .Lname11:
-    .asciz "cusolverDnClange_bufferSize"
+    .asciz "cusolverDnClange"
 .Lname12:
-    .asciz "cusolverDnClanheHost"
+    .asciz "cusolverDnClangeHost"
 .Lname13:
-    .asciz "cusolverDnClantrHost"
+    .asciz "cusolverDnClange_bufferSize"
 .Lname14:
-    .asciz "cusolverDnClarfgHost"
+    .asciz "cusolverDnClanheHost"
 .Lname15:
-    .asciz "cusolverDnClarnvHost"
+    .asciz "cusolverDnClantrHost"
 .Lname16:
-    .asciz "cusolverDnClasetHost"
+    .asciz "cusolverDnClarfgHost"
 .Lname17:
-    .asciz "cusolverDnClauumHost"
+    .asciz "cusolverDnClarnvHost"
 .Lname18:
-    .asciz "cusolverDnCnrm2Host"
+    .asciz "cusolverDnClasetHost"
 .Lname19:
-    .asciz "cusolverDnCpotrfHost"
+    .asciz "cusolverDnClauumHost"
 .Lname20:
-    .asciz "cusolverDnCpotriHost"
+    .asciz "cusolverDnCnrm2Host"
 .Lname21:
-    .asciz "cusolverDnCpotrsHost"
+    .asciz "cusolverDnCpotrfHost"
 .Lname22:
-    .asciz "cusolverDnCsscalHost"
+    .asciz "cusolverDnCpotriHost"
 .Lname23:
-    .asciz "cusolverDnCsytriHost"
+    .asciz "cusolverDnCpotrsHost"
 .Lname24:
-    .asciz "cusolverDnCsytrsHost"
+    .asciz "cusolverDnCsscalHost"
 .Lname25:
-    .asciz "cusolverDnCtrtriHost"
+    .asciz "cusolverDnCsytriHost"
 .Lname26:
-    .asciz "cusolverDnCungbrHost"
+    .asciz "cusolverDnCsytrsHost"
 .Lname27:
-    .asciz "cusolverDnCunghrHost"
+    .asciz "cusolverDnCtrtriHost"
 .Lname28:
-    .asciz "cusolverDnCunglqHost"
+    .asciz "cusolverDnCungbrHost"
 .Lname29:
-    .asciz "cusolverDnCungtrHost"
+    .asciz "cusolverDnCunghrHost"
 .Lname30:
-    .asciz "cusolverDnCunmqrHost"
+    .asciz "cusolverDnCunglqHost"
 .Lname31:
-    .asciz "cusolverDnCunmtrHost"
+    .asciz "cusolverDnCungtrHost"
 .Lname32:
-    .asciz "cusolverDnDaxpyHost"
+    .asciz "cusolverDnCunmqrHost"
 .Lname33:
-    .asciz "cusolverDnDeyeBatch"
+    .asciz "cusolverDnCunmtrHost"
 .Lname34:
-    .asciz "cusolverDnDgelqfHost"
+    .asciz "cusolverDnDaxpyHost"
 .Lname35:
-    .asciz "cusolverDnDgemmHost"
+    .asciz "cusolverDnDeyeBatch"
 .Lname36:
-    .asciz "cusolverDnDgeqlfHost"
+    .asciz "cusolverDnDgelqfHost"
 .Lname37:
-    .asciz "cusolverDnDgeqrfHost"
+    .asciz "cusolverDnDgemmHost"
 .Lname38:
-    .asciz "cusolverDnDlacpyHost"
+    .asciz "cusolverDnDgeqlfHost"
 .Lname39:
-    .asciz "cusolverDnDlamchHost"
+    .asciz "cusolverDnDgeqrfHost"
 .Lname40:
-    .asciz "cusolverDnDlange"
+    .asciz "cusolverDnDlacpyHost"
 .Lname41:
-    .asciz "cusolverDnDlangeHost"
+    .asciz "cusolverDnDlamchHost"
 .Lname42:
-    .asciz "cusolverDnDlange_bufferSize"
+    .asciz "cusolverDnDlange"
 .Lname43:
-    .asciz "cusolverDnDlansyHost"
+    .asciz "cusolverDnDlangeHost"
 .Lname44:
-    .asciz "cusolverDnDlantrHost"
+    .asciz "cusolverDnDlange_bufferSize"
 .Lname45:
-    .asciz "cusolverDnDlarfgHost"
+    .asciz "cusolverDnDlansyHost"
 .Lname46:
-    .asciz "cusolverDnDlarnvHost"
+    .asciz "cusolverDnDlantrHost"
 .Lname47:
-    .asciz "cusolverDnDlasetHost"
+    .asciz "cusolverDnDlarfgHost"
 .Lname48:
-    .asciz "cusolverDnDlauumHost"
+    .asciz "cusolverDnDlarnvHost"
 .Lname49:
-    .asciz "cusolverDnDnrm2Host"
+    .asciz "cusolverDnDlasetHost"
 .Lname50:
-    .asciz "cusolverDnDorgbrHost"
+    .asciz "cusolverDnDlauumHost"
 .Lname51:
-    .asciz "cusolverDnDorghrHost"
+    .asciz "cusolverDnDnrm2Host"
 .Lname52:
-    .asciz "cusolverDnDorglqHost"
+    .asciz "cusolverDnDorgbrHost"
 .Lname53:
-    .asciz "cusolverDnDorgtrHost"
+    .asciz "cusolverDnDorghrHost"
 .Lname54:
-    .asciz "cusolverDnDormqrHost"
+    .asciz "cusolverDnDorglqHost"
 .Lname55:
-    .asciz "cusolverDnDormtrHost"
+    .asciz "cusolverDnDorgtrHost"
 .Lname56:
-    .asciz "cusolverDnDpotrfHost"
+    .asciz "cusolverDnDormqrHost"
 .Lname57:
-    .asciz "cusolverDnDpotriHost"
+    .asciz "cusolverDnDormtrHost"
 .Lname58:
-    .asciz "cusolverDnDpotrsHost"
+    .asciz "cusolverDnDpotrfHost"
 .Lname59:
-    .asciz "cusolverDnDscalHost"
+    .asciz "cusolverDnDpotriHost"
 .Lname60:
-    .asciz "cusolverDnDsteqrHost"
+    .asciz "cusolverDnDpotrsHost"
 .Lname61:
-    .asciz "cusolverDnDsterfHost"
+    .asciz "cusolverDnDscalHost"
 .Lname62:
-    .asciz "cusolverDnDsygst"
+    .asciz "cusolverDnDsteqrHost"
 .Lname63:
-    .asciz "cusolverDnDsygst_bufferSize"
+    .asciz "cusolverDnDsterfHost"
 .Lname64:
-    .asciz "cusolverDnDsytriHost"
+    .asciz "cusolverDnDsygst"
 .Lname65:
-    .asciz "cusolverDnDsytrsHost"
+    .asciz "cusolverDnDsygst_bufferSize"
 .Lname66:
-    .asciz "cusolverDnDtrtriHost"
+    .asciz "cusolverDnDsytriHost"
 .Lname67:
-    .asciz "cusolverDnIRSInfosGetResidualHistory"
+    .asciz "cusolverDnDsytrsHost"
 .Lname68:
-    .asciz "cusolverDnLoggerOpenFile"
+    .asciz "cusolverDnDtrtriHost"
 .Lname69:
-    .asciz "cusolverDnLoggerSetCallback"
+    .asciz "cusolverDnIRSInfosGetResidualHistory"
 .Lname70:
-    .asciz "cusolverDnLoggerSetFile"
+    .asciz "cusolverDnLoggerOpenFile"
 .Lname71:
-    .asciz "cusolverDnSaxpyHost"
+    .asciz "cusolverDnLoggerSetCallback"
 .Lname72:
-    .asciz "cusolverDnSeyeBatch"
+    .asciz "cusolverDnLoggerSetFile"
 .Lname73:
-    .asciz "cusolverDnSgelqfHost"
+    .asciz "cusolverDnSaxpyHost"
 .Lname74:
-    .asciz "cusolverDnSgemmHost"
+    .asciz "cusolverDnSeyeBatch"
 .Lname75:
-    .asciz "cusolverDnSgeqlfHost"
+    .asciz "cusolverDnSgelqfHost"
 .Lname76:
-    .asciz "cusolverDnSgeqrfHost"
+    .asciz "cusolverDnSgemmHost"
 .Lname77:
-    .asciz "cusolverDnSlacpyHost"
+    .asciz "cusolverDnSgeqlfHost"
 .Lname78:
-    .asciz "cusolverDnSlamchHost"
+    .asciz "cusolverDnSgeqrfHost"
 .Lname79:
-    .asciz "cusolverDnSlange"
+    .asciz "cusolverDnSlacpyHost"
 .Lname80:
-    .asciz "cusolverDnSlangeHost"
+    .asciz "cusolverDnSlamchHost"
 .Lname81:
-    .asciz "cusolverDnSlange_bufferSize"
+    .asciz "cusolverDnSlange"
 .Lname82:
-    .asciz "cusolverDnSlansyHost"
+    .asciz "cusolverDnSlangeHost"
 .Lname83:
-    .asciz "cusolverDnSlantrHost"
+    .asciz "cusolverDnSlange_bufferSize"
 .Lname84:
-    .asciz "cusolverDnSlarfgHost"
+    .asciz "cusolverDnSlansyHost"
 .Lname85:
-    .asciz "cusolverDnSlarnvHost"
+    .asciz "cusolverDnSlantrHost"
 .Lname86:
-    .asciz "cusolverDnSlasetHost"
+    .asciz "cusolverDnSlarfgHost"
 .Lname87:
-    .asciz "cusolverDnSlauumHost"
+    .asciz "cusolverDnSlarnvHost"
 .Lname88:
-    .asciz "cusolverDnSnrm2Host"
+    .asciz "cusolverDnSlasetHost"
 .Lname89:
-    .asciz "cusolverDnSorgbrHost"
+    .asciz "cusolverDnSlauumHost"
 .Lname90:
-    .asciz "cusolverDnSorghrHost"
+    .asciz "cusolverDnSnrm2Host"
 .Lname91:
-    .asciz "cusolverDnSorglqHost"
+    .asciz "cusolverDnSorgbrHost"
 .Lname92:
-    .asciz "cusolverDnSorgtrHost"
+    .asciz "cusolverDnSorghrHost"
 .Lname93:
-    .asciz "cusolverDnSormqrHost"
+    .asciz "cusolverDnSorglqHost"
 .Lname94:
-    .asciz "cusolverDnSormtrHost"
+    .asciz "cusolverDnSorgtrHost"
 .Lname95:
-    .asciz "cusolverDnSpotrfHost"
+    .asciz "cusolverDnSormqrHost"
 .Lname96:
-    .asciz "cusolverDnSpotriHost"
+    .asciz "cusolverDnSormtrHost"
 .Lname97:
-    .asciz "cusolverDnSpotrsHost"
+    .asciz "cusolverDnSpotrfHost"
 .Lname98:
-    .asciz "cusolverDnSscalHost"
+    .asciz "cusolverDnSpotriHost"
 .Lname99:
-    .asciz "cusolverDnSsteqrHost"
+    .asciz "cusolverDnSpotrsHost"
 .Lname100:
-    .asciz "cusolverDnSsterfHost"
+    .asciz "cusolverDnSscalHost"
 .Lname101:
-    .asciz "cusolverDnSsygst"
+    .asciz "cusolverDnSsteqrHost"
 .Lname102:
-    .asciz "cusolverDnSsygst_bufferSize"
+    .asciz "cusolverDnSsterfHost"
 .Lname103:
-    .asciz "cusolverDnSsytriHost"
+    .asciz "cusolverDnSsygst"
 .Lname104:
-    .asciz "cusolverDnSsytrsHost"
+    .asciz "cusolverDnSsygst_bufferSize"
 .Lname105:
-    .asciz "cusolverDnStrtriHost"
+    .asciz "cusolverDnSsytriHost"
 .Lname106:
-    .asciz "cusolverDnXfillRandNormalOnDevice"
+    .asciz "cusolverDnSsytrsHost"
 .Lname107:
-    .asciz "cusolverDnXfillRandNormalOnHost"
+    .asciz "cusolverDnStrtriHost"
 .Lname108:
-    .asciz "cusolverDnXlansy"
+    .asciz "cusolverDnXfillRandNormalOnDevice"
 .Lname109:
-    .asciz "cusolverDnXlansy_bufferSize"
+    .asciz "cusolverDnXfillRandNormalOnHost"
 .Lname110:
-    .asciz "cusolverDnZaxpyHost"
+    .asciz "cusolverDnXlansy"
 .Lname111:
-    .asciz "cusolverDnZdscalHost"
+    .asciz "cusolverDnXlansy_bufferSize"
 .Lname112:
-    .asciz "cusolverDnZeyeBatch"
+    .asciz "cusolverDnZaxpyHost"
 .Lname113:
-    .asciz "cusolverDnZgelqfHost"
+    .asciz "cusolverDnZdscalHost"
 .Lname114:
-    .asciz "cusolverDnZgemmHost"
+    .asciz "cusolverDnZeyeBatch"
 .Lname115:
-    .asciz "cusolverDnZgeqlfHost"
+    .asciz "cusolverDnZgelqfHost"
 .Lname116:
-    .asciz "cusolverDnZgeqrfHost"
+    .asciz "cusolverDnZgemmHost"
 .Lname117:
-    .asciz "cusolverDnZhegst"
+    .asciz "cusolverDnZgeqlfHost"
 .Lname118:
-    .asciz "cusolverDnZhegst_bufferSize"
+    .asciz "cusolverDnZgeqrfHost"
 .Lname119:
-    .asciz "cusolverDnZlacpyHost"
+    .asciz "cusolverDnZhegst"
 .Lname120:
-    .asciz "cusolverDnZlange"
+    .asciz "cusolverDnZhegst_bufferSize"
 .Lname121:
-    .asciz "cusolverDnZlangeHost"
+    .asciz "cusolverDnZhetrf"
 .Lname122:
-    .asciz "cusolverDnZlange_bufferSize"
+    .asciz "cusolverDnZhetrf_bufferSize"
 .Lname123:
-    .asciz "cusolverDnZlanheHost"
+    .asciz "cusolverDnZlacpyHost"
 .Lname124:
-    .asciz "cusolverDnZlantrHost"
+    .asciz "cusolverDnZlange"
 .Lname125:
-    .asciz "cusolverDnZlarfgHost"
+    .asciz "cusolverDnZlangeHost"
 .Lname126:
-    .asciz "cusolverDnZlarnvHost"
+    .asciz "cusolverDnZlange_bufferSize"
 .Lname127:
-    .asciz "cusolverDnZlasetHost"
+    .asciz "cusolverDnZlanheHost"
 .Lname128:
-    .asciz "cusolverDnZlauumHost"
+    .asciz "cusolverDnZlantrHost"
 .Lname129:
-    .asciz "cusolverDnZnrm2Host"
+    .asciz "cusolverDnZlarfgHost"
 .Lname130:
-    .asciz "cusolverDnZpotrfHost"
+    .asciz "cusolverDnZlarnvHost"
 .Lname131:
-    .asciz "cusolverDnZpotriHost"
+    .asciz "cusolverDnZlasetHost"
 .Lname132:
-    .asciz "cusolverDnZpotrsHost"
+    .asciz "cusolverDnZlauumHost"
 .Lname133:
-    .asciz "cusolverDnZsytriHost"
+    .asciz "cusolverDnZnrm2Host"
 .Lname134:
-    .asciz "cusolverDnZsytrsHost"
+    .asciz "cusolverDnZpotrfHost"
 .Lname135:
-    .asciz "cusolverDnZtrtriHost"
+    .asciz "cusolverDnZpotriHost"
 .Lname136:
-    .asciz "cusolverDnZungbrHost"
+    .asciz "cusolverDnZpotrsHost"
 .Lname137:
-    .asciz "cusolverDnZunghrHost"
+    .asciz "cusolverDnZsytriHost"
 .Lname138:
-    .asciz "cusolverDnZunglqHost"
+    .asciz "cusolverDnZsytrsHost"
 .Lname139:
-    .asciz "cusolverDnZungtrHost"
+    .asciz "cusolverDnZtrtriHost"
 .Lname140:
-    .asciz "cusolverDnZunmqrHost"
+    .asciz "cusolverDnZungbrHost"
 .Lname141:
-    .asciz "cusolverDnZunmtrHost"
+    .asciz "cusolverDnZunghrHost"
 .Lname142:
-    .asciz "cusolverIidentityHost"
+    .asciz "cusolverDnZunglqHost"
 .Lname143:
-    .asciz "cusolverRfAccessBundledFactorsDevice"
+    .asciz "cusolverDnZungtrHost"
 .Lname144:
-    .asciz "cusolverRfBatchSetupHost"
+    .asciz "cusolverDnZunmqrHost"
 .Lname145:
-    .asciz "cusolverRfBatchSolve"
+    .asciz "cusolverDnZunmtrHost"
 .Lname146:
-    .asciz "cusolverRfBatchZeroPivot"
+    .asciz "cusolverIidentityHost"
 .Lname147:
-    .asciz "cusolverRfExtractBundledFactorsHost"
+    .asciz "cusolverRfAccessBundledFactorsDevice"
 .Lname148:
-    .asciz "cusolverRfExtractSplitFactorsHost"
+    .asciz "cusolverRfBatchSetupHost"
 .Lname149:
-    .asciz "cusolverRfSetupM"
+    .asciz "cusolverRfBatchSolve"
 .Lname150:
-    .asciz "cusolverSpCcsrbtfHost"
+    .asciz "cusolverRfBatchZeroPivot"
 .Lname151:
-    .asciz "cusolverSpCcsrluAnalysisHost"
+    .asciz "cusolverRfExtractBundledFactorsHost"
 .Lname152:
-    .asciz "cusolverSpCcsrluExtractBTFHost"
+    .asciz "cusolverRfExtractSplitFactorsHost"
 .Lname153:
-    .asciz "cusolverSpCcsrluExtractMHost"
+    .asciz "cusolverRfSetupM"
 .Lname154:
-    .asciz "cusolverSpCcsrlucondHost"
+    .asciz "cusolverSpCcsrbtfHost"
 .Lname155:
-    .asciz "cusolverSpCcsrqrrcond"
+    .asciz "cusolverSpCcsrluAnalysisHost"
 .Lname156:
-    .asciz "cusolverSpCcsrsubm2denseHost"
+    .asciz "cusolverSpCcsrluExtractBTFHost"
 .Lname157:
-    .asciz "cusolverSpCreateGluInfo"
+    .asciz "cusolverSpCcsrluExtractMHost"
 .Lname158:
-    .asciz "cusolverSpCreateSnluInfo"
+    .asciz "cusolverSpCcsrlucondHost"
 .Lname159:
-    .asciz "cusolverSpCsnluBuffersize"
+    .asciz "cusolverSpCcsrqrrcond"
 .Lname160:
-    .asciz "cusolverSpCsnluFactor"
+    .asciz "cusolverSpCcsrsubm2denseHost"
 .Lname161:
-    .asciz "cusolverSpCsnluSolve"
+    .asciz "cusolverSpCreateGluInfo"
 .Lname162:
-    .asciz "cusolverSpCsymgthr"
+    .asciz "cusolverSpCreateSnluInfo"
 .Lname163:
-    .asciz "cusolverSpCsymgthrHost"
+    .asciz "cusolverSpCsnluBuffersize"
 .Lname164:
-    .asciz "cusolverSpDcsrbtfHost"
+    .asciz "cusolverSpCsnluFactor"
 .Lname165:
-    .asciz "cusolverSpDcsrluAnalysisHost"
+    .asciz "cusolverSpCsnluSolve"
 .Lname166:
-    .asciz "cusolverSpDcsrluExtractBTFHost"
+    .asciz "cusolverSpCsymgthr"
 .Lname167:
-    .asciz "cusolverSpDcsrluExtractMHost"
+    .asciz "cusolverSpCsymgthrHost"
 .Lname168:
-    .asciz "cusolverSpDcsrlucondHost"
+    .asciz "cusolverSpDcsrbtfHost"
 .Lname169:
-    .asciz "cusolverSpDcsrqrrcond"
+    .asciz "cusolverSpDcsrluAnalysisHost"
 .Lname170:
-    .asciz "cusolverSpDcsrsubm2denseHost"
+    .asciz "cusolverSpDcsrluExtractBTFHost"
 .Lname171:
-    .asciz "cusolverSpDestroyGluInfo"
+    .asciz "cusolverSpDcsrluExtractMHost"
 .Lname172:
-    .asciz "cusolverSpDestroySnluInfo"
+    .asciz "cusolverSpDcsrlucondHost"
 .Lname173:
-    .asciz "cusolverSpDgluAnalysis"
+    .asciz "cusolverSpDcsrqrrcond"
 .Lname174:
-    .asciz "cusolverSpDgluBufferSize"
+    .asciz "cusolverSpDcsrsubm2denseHost"
 .Lname175:
-    .asciz "cusolverSpDgluExtractMHost"
+    .asciz "cusolverSpDestroyGluInfo"
 .Lname176:
-    .asciz "cusolverSpDgluFactor"
+    .asciz "cusolverSpDestroySnluInfo"
 .Lname177:
-    .asciz "cusolverSpDgluNumericBoost"
+    .asciz "cusolverSpDgluAnalysis"
 .Lname178:
-    .asciz "cusolverSpDgluReset"
+    .asciz "cusolverSpDgluBufferSize"
 .Lname179:
-    .asciz "cusolverSpDgluSetup"
+    .asciz "cusolverSpDgluExtractMHost"
 .Lname180:
-    .asciz "cusolverSpDgluSetupByTile"
+    .asciz "cusolverSpDgluFactor"
 .Lname181:
-    .asciz "cusolverSpDgluSolve"
+    .asciz "cusolverSpDgluNumericBoost"
 .Lname182:
-    .asciz "cusolverSpDnrminf"
+    .asciz "cusolverSpDgluReset"
 .Lname183:
-    .asciz "cusolverSpDsnluBuffersize"
+    .asciz "cusolverSpDgluSetup"
 .Lname184:
-    .asciz "cusolverSpDsnluFactor"
+    .asciz "cusolverSpDgluSetupByTile"
 .Lname185:
-    .asciz "cusolverSpDsnluSolve"
+    .asciz "cusolverSpDgluSolve"
 .Lname186:
-    .asciz "cusolverSpDsymgthr"
+    .asciz "cusolverSpDnrminf"
 .Lname187:
-    .asciz "cusolverSpDsymgthrHost"
+    .asciz "cusolverSpDsnluBuffersize"
 .Lname188:
-    .asciz "cusolverSpLcsrqrBufferInfo"
+    .asciz "cusolverSpDsnluFactor"
 .Lname189:
-    .asciz "cusolverSpLcsrqrFactor"
+    .asciz "cusolverSpDsnluSolve"
 .Lname190:
-    .asciz "cusolverSpLcsrqrSetup"
+    .asciz "cusolverSpDsymgthr"
 .Lname191:
-    .asciz "cusolverSpLcsrqrSolve"
+    .asciz "cusolverSpDsymgthrHost"
 .Lname192:
-    .asciz "cusolverSpLcsrqrSolveRefine"
+    .asciz "cusolverSpLcsrqrBufferInfo"
 .Lname193:
-    .asciz "cusolverSpLcsrqrZeroPivot"
+    .asciz "cusolverSpLcsrqrFactor"
 .Lname194:
-    .asciz "cusolverSpLcsrqrrcond"
+    .asciz "cusolverSpLcsrqrSetup"
 .Lname195:
-    .asciz "cusolverSpQcsrqrBufferInfo"
+    .asciz "cusolverSpLcsrqrSolve"
 .Lname196:
-    .asciz "cusolverSpQcsrqrFactor"
+    .asciz "cusolverSpLcsrqrSolveRefine"
 .Lname197:
-    .asciz "cusolverSpQcsrqrSetup"
+    .asciz "cusolverSpLcsrqrZeroPivot"
 .Lname198:
-    .asciz "cusolverSpQcsrqrSolve"
+    .asciz "cusolverSpLcsrqrrcond"
 .Lname199:
-    .asciz "cusolverSpQcsrqrSolveRefine"
+    .asciz "cusolverSpQcsrqrBufferInfo"
 .Lname200:
-    .asciz "cusolverSpQcsrqrZeroPivot"
+    .asciz "cusolverSpQcsrqrFactor"
 .Lname201:
-    .asciz "cusolverSpQcsrqrrcond"
+    .asciz "cusolverSpQcsrqrSetup"
 .Lname202:
-    .asciz "cusolverSpScsrbtfHost"
+    .asciz "cusolverSpQcsrqrSolve"
 .Lname203:
-    .asciz "cusolverSpScsrluAnalysisHost"
+    .asciz "cusolverSpQcsrqrSolveRefine"
 .Lname204:
-    .asciz "cusolverSpScsrluExtractBTFHost"
+    .asciz "cusolverSpQcsrqrZeroPivot"
 .Lname205:
-    .asciz "cusolverSpScsrluExtractMHost"
+    .asciz "cusolverSpQcsrqrrcond"
 .Lname206:
-    .asciz "cusolverSpScsrlucondHost"
+    .asciz "cusolverSpScsrbtfHost"
 .Lname207:
-    .asciz "cusolverSpScsrqrrcond"
+    .asciz "cusolverSpScsrluAnalysisHost"
 .Lname208:
-    .asciz "cusolverSpScsrsubm2denseHost"
+    .asciz "cusolverSpScsrluExtractBTFHost"
 .Lname209:
-    .asciz "cusolverSpSsnluBuffersize"
+    .asciz "cusolverSpScsrluExtractMHost"
 .Lname210:
-    .asciz "cusolverSpSsnluFactor"
+    .asciz "cusolverSpScsrlucondHost"
 .Lname211:
-    .asciz "cusolverSpSsnluSolve"
+    .asciz "cusolverSpScsrqrrcond"
 .Lname212:
-    .asciz "cusolverSpSsymgthr"
+    .asciz "cusolverSpScsrsubm2denseHost"
 .Lname213:
-    .asciz "cusolverSpSsymgthrHost"
+    .asciz "cusolverSpSsnluBuffersize"
 .Lname214:
-    .asciz "cusolverSpXcsr2cscHost"
+    .asciz "cusolverSpSsnluFactor"
 .Lname215:
-    .asciz "cusolverSpXcsr2csc_bufferSizeHost"
+    .asciz "cusolverSpSsnluSolve"
 .Lname216:
-    .asciz "cusolverSpXcsrluConfigHost"
+    .asciz "cusolverSpSsymgthr"
 .Lname217:
-    .asciz "cusolverSpXcsrluNnzMHost"
+    .asciz "cusolverSpSsymgthrHost"
 .Lname218:
-    .asciz "cusolverSpXcsrnsepHost"
+    .asciz "cusolverSpXcsr2cscHost"
 .Lname219:
-    .asciz "cusolverSpXcsrqrConfigInfo"
+    .asciz "cusolverSpXcsr2csc_bufferSizeHost"
 .Lname220:
-    .asciz "cusolverSpXcsrsubmHost"
+    .asciz "cusolverSpXcsrluConfigHost"
 .Lname221:
-    .asciz "cusolverSpXcsrsubmNnzHost"
+    .asciz "cusolverSpXcsrluNnzMHost"
 .Lname222:
-    .asciz "cusolverSpXcsrsympermHost"
+    .asciz "cusolverSpXcsrnsepHost"
 .Lname223:
-    .asciz "cusolverSpXcsrsymperm_bufferSizeHost"
+    .asciz "cusolverSpXcsrqrConfigInfo"
 .Lname224:
-    .asciz "cusolverSpXgluZeroPivot"
+    .asciz "cusolverSpXcsrsubmHost"
 .Lname225:
-    .asciz "cusolverSpXsnluAnalysis"
+    .asciz "cusolverSpXcsrsubmNnzHost"
 .Lname226:
-    .asciz "cusolverSpXsnluFlops"
+    .asciz "cusolverSpXcsrsympermHost"
 .Lname227:
-    .asciz "cusolverSpXsnluReport"
+    .asciz "cusolverSpXcsrsymperm_bufferSizeHost"
 .Lname228:
-    .asciz "cusolverSpXsnluResizeSupernodeBy"
+    .asciz "cusolverSpXgluZeroPivot"
 .Lname229:
-    .asciz "cusolverSpXsnluSetReorder"
+    .asciz "cusolverSpXsnluAnalysis"
 .Lname230:
-    .asciz "cusolverSpZcsrbtfHost"
+    .asciz "cusolverSpXsnluFlops"
 .Lname231:
-    .asciz "cusolverSpZcsrluAnalysisHost"
+    .asciz "cusolverSpXsnluReport"
 .Lname232:
-    .asciz "cusolverSpZcsrluExtractBTFHost"
+    .asciz "cusolverSpXsnluResizeSupernodeBy"
 .Lname233:
-    .asciz "cusolverSpZcsrluExtractMHost"
+    .asciz "cusolverSpXsnluSetReorder"
 .Lname234:
-    .asciz "cusolverSpZcsrlucondHost"
+    .asciz "cusolverSpZcsrbtfHost"
 .Lname235:
-    .asciz "cusolverSpZcsrqrrcond"
+    .asciz "cusolverSpZcsrluAnalysisHost"
 .Lname236:
-    .asciz "cusolverSpZcsrsubm2denseHost"
+    .asciz "cusolverSpZcsrluExtractBTFHost"
 .Lname237:
-    .asciz "cusolverSpZsnluBuffersize"
+    .asciz "cusolverSpZcsrluExtractMHost"
 .Lname238:
-    .asciz "cusolverSpZsnluFactor"
+    .asciz "cusolverSpZcsrlucondHost"
 .Lname239:
-    .asciz "cusolverSpZsnluSolve"
+    .asciz "cusolverSpZcsrqrrcond"
 .Lname240:
-    .asciz "cusolverSpZsymgthr"
+    .asciz "cusolverSpZcsrsubm2denseHost"
 .Lname241:
-    .asciz "cusolverSpZsymgthrHost"
+    .asciz "cusolverSpZsnluBuffersize"
 .Lname242:
+    .asciz "cusolverSpZsnluFactor"
+.Lname243:
+    .asciz "cusolverSpZsnluSolve"
+.Lname244:
+    .asciz "cusolverSpZsymgthr"
+.Lname245:
+    .asciz "cusolverSpZsymgthrHost"
+.Lname246:
     .asciz "cusolverXcsrqr_dump"
     .section .note.GNU-stack,"",@progbits

@@ -1636,6 +1636,31 @@ cusparseSnnz:
 cusparseSnnz_compress:
     jmp __chidori_cusparse_cusparseSnnz_compress@PLT
     .size cusparseSnnz_compress, .-cusparseSnnz_compress
+    .globl cusparseSpGEAM
+    .type cusparseSpGEAM, @function
+cusparseSpGEAM:
+    jmp __chidori_cusparse_cusparseSpGEAM@PLT
+    .size cusparseSpGEAM, .-cusparseSpGEAM
+    .globl cusparseSpGEAM_bufferSize
+    .type cusparseSpGEAM_bufferSize, @function
+cusparseSpGEAM_bufferSize:
+    jmp __chidori_cusparse_cusparseSpGEAM_bufferSize@PLT
+    .size cusparseSpGEAM_bufferSize, .-cusparseSpGEAM_bufferSize
+    .globl cusparseSpGEAM_createDescr
+    .type cusparseSpGEAM_createDescr, @function
+cusparseSpGEAM_createDescr:
+    jmp __chidori_cusparse_cusparseSpGEAM_createDescr@PLT
+    .size cusparseSpGEAM_createDescr, .-cusparseSpGEAM_createDescr
+    .globl cusparseSpGEAM_destroyDescr
+    .type cusparseSpGEAM_destroyDescr, @function
+cusparseSpGEAM_destroyDescr:
+    jmp __chidori_cusparse_cusparseSpGEAM_destroyDescr@PLT
+    .size cusparseSpGEAM_destroyDescr, .-cusparseSpGEAM_destroyDescr
+    .globl cusparseSpGEAM_nnz
+    .type cusparseSpGEAM_nnz, @function
+cusparseSpGEAM_nnz:
+    jmp __chidori_cusparse_cusparseSpGEAM_nnz@PLT
+    .size cusparseSpGEAM_nnz, .-cusparseSpGEAM_nnz
     .globl cusparseSpGEMM_compute
     .type cusparseSpGEMM_compute, @function
 cusparseSpGEMM_compute:
@@ -1726,10 +1751,50 @@ cusparseSpMM_preprocess:
 cusparseSpMV:
     jmp __chidori_cusparse_cusparseSpMV@PLT
     .size cusparseSpMV, .-cusparseSpMV
+    .globl cusparseSpMVDescrGetParam
+    .type cusparseSpMVDescrGetParam, @function
+cusparseSpMVDescrGetParam:
+    leaq .Lname15(%rip), %rdi
+    movq $10, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cusparseSpMVDescrGetParam, .-cusparseSpMVDescrGetParam
+    .globl cusparseSpMVDescrSetParam
+    .type cusparseSpMVDescrSetParam, @function
+cusparseSpMVDescrSetParam:
+    leaq .Lname16(%rip), %rdi
+    movq $10, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cusparseSpMVDescrSetParam, .-cusparseSpMVDescrSetParam
+    .globl cusparseSpMVGeneric
+    .type cusparseSpMVGeneric, @function
+cusparseSpMVGeneric:
+    leaq .Lname17(%rip), %rdi
+    movq $10, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cusparseSpMVGeneric, .-cusparseSpMVGeneric
+    .globl cusparseSpMVGeneric_bufferSize
+    .type cusparseSpMVGeneric_bufferSize, @function
+cusparseSpMVGeneric_bufferSize:
+    leaq .Lname18(%rip), %rdi
+    movq $10, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cusparseSpMVGeneric_bufferSize, .-cusparseSpMVGeneric_bufferSize
+    .globl cusparseSpMVGeneric_preprocess
+    .type cusparseSpMVGeneric_preprocess, @function
+cusparseSpMVGeneric_preprocess:
+    leaq .Lname19(%rip), %rdi
+    movq $10, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cusparseSpMVGeneric_preprocess, .-cusparseSpMVGeneric_preprocess
     .globl cusparseSpMVOp
     .type cusparseSpMVOp, @function
 cusparseSpMVOp:
-    leaq .Lname15(%rip), %rdi
+    leaq .Lname20(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1737,7 +1802,7 @@ cusparseSpMVOp:
     .globl cusparseSpMVOp_bufferSize
     .type cusparseSpMVOp_bufferSize, @function
 cusparseSpMVOp_bufferSize:
-    leaq .Lname16(%rip), %rdi
+    leaq .Lname21(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1745,7 +1810,7 @@ cusparseSpMVOp_bufferSize:
     .globl cusparseSpMVOp_createDescr
     .type cusparseSpMVOp_createDescr, @function
 cusparseSpMVOp_createDescr:
-    leaq .Lname17(%rip), %rdi
+    leaq .Lname22(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1753,7 +1818,7 @@ cusparseSpMVOp_createDescr:
     .globl cusparseSpMVOp_createPlan
     .type cusparseSpMVOp_createPlan, @function
 cusparseSpMVOp_createPlan:
-    leaq .Lname18(%rip), %rdi
+    leaq .Lname23(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1761,7 +1826,7 @@ cusparseSpMVOp_createPlan:
     .globl cusparseSpMVOp_destroyDescr
     .type cusparseSpMVOp_destroyDescr, @function
 cusparseSpMVOp_destroyDescr:
-    leaq .Lname19(%rip), %rdi
+    leaq .Lname24(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1769,7 +1834,7 @@ cusparseSpMVOp_destroyDescr:
     .globl cusparseSpMVOp_destroyPlan
     .type cusparseSpMVOp_destroyPlan, @function
 cusparseSpMVOp_destroyPlan:
-    leaq .Lname20(%rip), %rdi
+    leaq .Lname25(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1777,7 +1842,7 @@ cusparseSpMVOp_destroyPlan:
     .globl cusparseSpMVOp_setGlobalUserData
     .type cusparseSpMVOp_setGlobalUserData, @function
 cusparseSpMVOp_setGlobalUserData:
-    leaq .Lname21(%rip), %rdi
+    leaq .Lname26(%rip), %rdi
     movq $10, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1787,11 +1852,67 @@ cusparseSpMVOp_setGlobalUserData:
 cusparseSpMV_bufferSize:
     jmp __chidori_cusparse_cusparseSpMV_bufferSize@PLT
     .size cusparseSpMV_bufferSize, .-cusparseSpMV_bufferSize
+    .globl cusparseSpMV_createDescr
+    .type cusparseSpMV_createDescr, @function
+cusparseSpMV_createDescr:
+    leaq .Lname27(%rip), %rdi
+    movq $10, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cusparseSpMV_createDescr, .-cusparseSpMV_createDescr
+    .globl cusparseSpMV_destroyDescr
+    .type cusparseSpMV_destroyDescr, @function
+cusparseSpMV_destroyDescr:
+    leaq .Lname28(%rip), %rdi
+    movq $10, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cusparseSpMV_destroyDescr, .-cusparseSpMV_destroyDescr
     .globl cusparseSpMV_preprocess
     .type cusparseSpMV_preprocess, @function
 cusparseSpMV_preprocess:
     jmp __chidori_cusparse_cusparseSpMV_preprocess@PLT
     .size cusparseSpMV_preprocess, .-cusparseSpMV_preprocess
+    .globl cusparseSpMatConvert
+    .type cusparseSpMatConvert, @function
+cusparseSpMatConvert:
+    leaq .Lname29(%rip), %rdi
+    movq $10, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cusparseSpMatConvert, .-cusparseSpMatConvert
+    .globl cusparseSpMatConvertDescrCreate
+    .type cusparseSpMatConvertDescrCreate, @function
+cusparseSpMatConvertDescrCreate:
+    leaq .Lname30(%rip), %rdi
+    movq $10, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cusparseSpMatConvertDescrCreate, .-cusparseSpMatConvertDescrCreate
+    .globl cusparseSpMatConvertDescrDestroy
+    .type cusparseSpMatConvertDescrDestroy, @function
+cusparseSpMatConvertDescrDestroy:
+    leaq .Lname31(%rip), %rdi
+    movq $10, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cusparseSpMatConvertDescrDestroy, .-cusparseSpMatConvertDescrDestroy
+    .globl cusparseSpMatConvert_analysis
+    .type cusparseSpMatConvert_analysis, @function
+cusparseSpMatConvert_analysis:
+    leaq .Lname32(%rip), %rdi
+    movq $10, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cusparseSpMatConvert_analysis, .-cusparseSpMatConvert_analysis
+    .globl cusparseSpMatConvert_bufferSize
+    .type cusparseSpMatConvert_bufferSize, @function
+cusparseSpMatConvert_bufferSize:
+    leaq .Lname33(%rip), %rdi
+    movq $10, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cusparseSpMatConvert_bufferSize, .-cusparseSpMatConvert_bufferSize
     .globl cusparseSpMatGetAttribute
     .type cusparseSpMatGetAttribute, @function
 cusparseSpMatGetAttribute:
@@ -1807,11 +1928,27 @@ cusparseSpMatGetFormat:
 cusparseSpMatGetIndexBase:
     jmp __chidori_cusparse_cusparseSpMatGetIndexBase@PLT
     .size cusparseSpMatGetIndexBase, .-cusparseSpMatGetIndexBase
+    .globl cusparseSpMatGetPointers
+    .type cusparseSpMatGetPointers, @function
+cusparseSpMatGetPointers:
+    leaq .Lname34(%rip), %rdi
+    movq $10, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cusparseSpMatGetPointers, .-cusparseSpMatGetPointers
     .globl cusparseSpMatGetSize
     .type cusparseSpMatGetSize, @function
 cusparseSpMatGetSize:
     jmp __chidori_cusparse_cusparseSpMatGetSize@PLT
     .size cusparseSpMatGetSize, .-cusparseSpMatGetSize
+    .globl cusparseSpMatGetSizes
+    .type cusparseSpMatGetSizes, @function
+cusparseSpMatGetSizes:
+    leaq .Lname35(%rip), %rdi
+    movq $10, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cusparseSpMatGetSizes, .-cusparseSpMatGetSizes
     .globl cusparseSpMatGetStridedBatch
     .type cusparseSpMatGetStridedBatch, @function
 cusparseSpMatGetStridedBatch:
@@ -1827,6 +1964,14 @@ cusparseSpMatGetValues:
 cusparseSpMatSetAttribute:
     jmp __chidori_cusparse_cusparseSpMatSetAttribute@PLT
     .size cusparseSpMatSetAttribute, .-cusparseSpMatSetAttribute
+    .globl cusparseSpMatSetPointers
+    .type cusparseSpMatSetPointers, @function
+cusparseSpMatSetPointers:
+    leaq .Lname36(%rip), %rdi
+    movq $10, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size cusparseSpMatSetPointers, .-cusparseSpMatSetPointers
     .globl cusparseSpMatSetValues
     .type cusparseSpMatSetValues, @function
 cusparseSpMatSetValues:
@@ -2434,17 +2579,47 @@ cusparseZnnz_compress:
 .Lname14:
     .asciz "cusparseLoggerSetFile"
 .Lname15:
-    .asciz "cusparseSpMVOp"
+    .asciz "cusparseSpMVDescrGetParam"
 .Lname16:
-    .asciz "cusparseSpMVOp_bufferSize"
+    .asciz "cusparseSpMVDescrSetParam"
 .Lname17:
-    .asciz "cusparseSpMVOp_createDescr"
+    .asciz "cusparseSpMVGeneric"
 .Lname18:
-    .asciz "cusparseSpMVOp_createPlan"
+    .asciz "cusparseSpMVGeneric_bufferSize"
 .Lname19:
-    .asciz "cusparseSpMVOp_destroyDescr"
+    .asciz "cusparseSpMVGeneric_preprocess"
 .Lname20:
-    .asciz "cusparseSpMVOp_destroyPlan"
+    .asciz "cusparseSpMVOp"
 .Lname21:
+    .asciz "cusparseSpMVOp_bufferSize"
+.Lname22:
+    .asciz "cusparseSpMVOp_createDescr"
+.Lname23:
+    .asciz "cusparseSpMVOp_createPlan"
+.Lname24:
+    .asciz "cusparseSpMVOp_destroyDescr"
+.Lname25:
+    .asciz "cusparseSpMVOp_destroyPlan"
+.Lname26:
     .asciz "cusparseSpMVOp_setGlobalUserData"
+.Lname27:
+    .asciz "cusparseSpMV_createDescr"
+.Lname28:
+    .asciz "cusparseSpMV_destroyDescr"
+.Lname29:
+    .asciz "cusparseSpMatConvert"
+.Lname30:
+    .asciz "cusparseSpMatConvertDescrCreate"
+.Lname31:
+    .asciz "cusparseSpMatConvertDescrDestroy"
+.Lname32:
+    .asciz "cusparseSpMatConvert_analysis"
+.Lname33:
+    .asciz "cusparseSpMatConvert_bufferSize"
+.Lname34:
+    .asciz "cusparseSpMatGetPointers"
+.Lname35:
+    .asciz "cusparseSpMatGetSizes"
+.Lname36:
+    .asciz "cusparseSpMatSetPointers"
     .section .note.GNU-stack,"",@progbits

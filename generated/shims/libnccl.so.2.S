@@ -6,16 +6,40 @@
 ncclAllGather:
     jmp __chidori_nccl_ncclAllGather@PLT
     .size ncclAllGather, .-ncclAllGather
+    .globl ncclAllGatherConfig
+    .type ncclAllGatherConfig, @function
+ncclAllGatherConfig:
+    leaq .Lname0(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size ncclAllGatherConfig, .-ncclAllGatherConfig
     .globl ncclAllReduce
     .type ncclAllReduce, @function
 ncclAllReduce:
     jmp __chidori_nccl_ncclAllReduce@PLT
     .size ncclAllReduce, .-ncclAllReduce
+    .globl ncclAllReduceConfig
+    .type ncclAllReduceConfig, @function
+ncclAllReduceConfig:
+    leaq .Lname1(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size ncclAllReduceConfig, .-ncclAllReduceConfig
     .globl ncclAlltoAll
     .type ncclAlltoAll, @function
 ncclAlltoAll:
     jmp __chidori_nccl_ncclAlltoAll@PLT
     .size ncclAlltoAll, .-ncclAlltoAll
+    .globl ncclAlltoAllConfig
+    .type ncclAlltoAllConfig, @function
+ncclAlltoAllConfig:
+    leaq .Lname2(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size ncclAlltoAllConfig, .-ncclAlltoAllConfig
     .globl ncclBcast
     .type ncclBcast, @function
 ncclBcast:
@@ -26,6 +50,14 @@ ncclBcast:
 ncclBroadcast:
     jmp __chidori_nccl_ncclBroadcast@PLT
     .size ncclBroadcast, .-ncclBroadcast
+    .globl ncclBroadcastConfig
+    .type ncclBroadcastConfig, @function
+ncclBroadcastConfig:
+    leaq .Lname3(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size ncclBroadcastConfig, .-ncclBroadcastConfig
     .globl ncclCommAbort
     .type ncclCommAbort, @function
 ncclCommAbort:
@@ -44,7 +76,7 @@ ncclCommCuDevice:
     .globl ncclCommDeregister
     .type ncclCommDeregister, @function
 ncclCommDeregister:
-    leaq .Lname0(%rip), %rdi
+    leaq .Lname4(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -64,10 +96,26 @@ ncclCommFinalize:
 ncclCommGetAsyncError:
     jmp __chidori_nccl_ncclCommGetAsyncError@PLT
     .size ncclCommGetAsyncError, .-ncclCommGetAsyncError
+    .globl ncclCommGetUniqueId
+    .type ncclCommGetUniqueId, @function
+ncclCommGetUniqueId:
+    leaq .Lname5(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size ncclCommGetUniqueId, .-ncclCommGetUniqueId
+    .globl ncclCommGrow
+    .type ncclCommGrow, @function
+ncclCommGrow:
+    leaq .Lname6(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size ncclCommGrow, .-ncclCommGrow
     .globl ncclCommInitAll
     .type ncclCommInitAll, @function
 ncclCommInitAll:
-    leaq .Lname1(%rip), %rdi
+    leaq .Lname7(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -80,24 +128,45 @@ ncclCommInitRank:
     .globl ncclCommInitRankConfig
     .type ncclCommInitRankConfig, @function
 ncclCommInitRankConfig:
-    jmp __chidori_nccl_ncclCommInitRankConfig__cu131@PLT
+    jmp __chidori_nccl_ncclCommInitRankConfig__cu135@PLT
     .size ncclCommInitRankConfig, .-ncclCommInitRankConfig
     .globl ncclCommInitRankScalable
     .type ncclCommInitRankScalable, @function
 ncclCommInitRankScalable:
-    leaq .Lname2(%rip), %rdi
+    leaq .Lname8(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size ncclCommInitRankScalable, .-ncclCommInitRankScalable
+    .globl ncclCommMemStats
+    .type ncclCommMemStats, @function
+ncclCommMemStats:
+    leaq .Lname9(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size ncclCommMemStats, .-ncclCommMemStats
+    .globl ncclCommQueryProperties
+    .type ncclCommQueryProperties, @function
+ncclCommQueryProperties:
+    leaq .Lname10(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size ncclCommQueryProperties, .-ncclCommQueryProperties
     .globl ncclCommRegister
     .type ncclCommRegister, @function
 ncclCommRegister:
-    leaq .Lname3(%rip), %rdi
+    leaq .Lname11(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size ncclCommRegister, .-ncclCommRegister
+    .globl ncclCommResume
+    .type ncclCommResume, @function
+ncclCommResume:
+    jmp __chidori_nccl_ncclCommResume@PLT
+    .size ncclCommResume, .-ncclCommResume
     .globl ncclCommRevoke
     .type ncclCommRevoke, @function
 ncclCommRevoke:
@@ -106,7 +175,7 @@ ncclCommRevoke:
     .globl ncclCommShrink
     .type ncclCommShrink, @function
 ncclCommShrink:
-    leaq .Lname4(%rip), %rdi
+    leaq .Lname12(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -114,8 +183,13 @@ ncclCommShrink:
     .globl ncclCommSplit
     .type ncclCommSplit, @function
 ncclCommSplit:
-    jmp __chidori_nccl_ncclCommSplit__cu131@PLT
+    jmp __chidori_nccl_ncclCommSplit__cu135@PLT
     .size ncclCommSplit, .-ncclCommSplit
+    .globl ncclCommSuspend
+    .type ncclCommSuspend, @function
+ncclCommSuspend:
+    jmp __chidori_nccl_ncclCommSuspend@PLT
+    .size ncclCommSuspend, .-ncclCommSuspend
     .globl ncclCommUserRank
     .type ncclCommUserRank, @function
 ncclCommUserRank:
@@ -129,7 +203,7 @@ ncclCommWindowDeregister:
     .globl ncclCommWindowRegister
     .type ncclCommWindowRegister, @function
 ncclCommWindowRegister:
-    leaq .Lname5(%rip), %rdi
+    leaq .Lname13(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -137,7 +211,7 @@ ncclCommWindowRegister:
     .globl ncclDevCommCreate
     .type ncclDevCommCreate, @function
 ncclDevCommCreate:
-    leaq .Lname6(%rip), %rdi
+    leaq .Lname14(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -145,7 +219,7 @@ ncclDevCommCreate:
     .globl ncclDevCommDestroy
     .type ncclDevCommDestroy, @function
 ncclDevCommDestroy:
-    leaq .Lname7(%rip), %rdi
+    leaq .Lname15(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -155,6 +229,22 @@ ncclDevCommDestroy:
 ncclGather:
     jmp __chidori_nccl_ncclGather@PLT
     .size ncclGather, .-ncclGather
+    .globl ncclGatherConfig
+    .type ncclGatherConfig, @function
+ncclGatherConfig:
+    leaq .Lname16(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size ncclGatherConfig, .-ncclGatherConfig
+    .globl ncclGetCftDeviceLeInfo
+    .type ncclGetCftDeviceLeInfo, @function
+ncclGetCftDeviceLeInfo:
+    leaq .Lname17(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size ncclGetCftDeviceLeInfo, .-ncclGetCftDeviceLeInfo
     .globl ncclGetErrorString
     .type ncclGetErrorString, @function
 ncclGetErrorString:
@@ -165,6 +255,54 @@ ncclGetErrorString:
 ncclGetLastError:
     jmp __chidori_nccl_ncclGetLastError@PLT
     .size ncclGetLastError, .-ncclGetLastError
+    .globl ncclGetLsaDevicePointer
+    .type ncclGetLsaDevicePointer, @function
+ncclGetLsaDevicePointer:
+    leaq .Lname18(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size ncclGetLsaDevicePointer, .-ncclGetLsaDevicePointer
+    .globl ncclGetLsaMultimemDevicePointer
+    .type ncclGetLsaMultimemDevicePointer, @function
+ncclGetLsaMultimemDevicePointer:
+    leaq .Lname19(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size ncclGetLsaMultimemDevicePointer, .-ncclGetLsaMultimemDevicePointer
+    .globl ncclGetMultimemDeviceLeInfo
+    .type ncclGetMultimemDeviceLeInfo, @function
+ncclGetMultimemDeviceLeInfo:
+    leaq .Lname20(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size ncclGetMultimemDeviceLeInfo, .-ncclGetMultimemDeviceLeInfo
+    .globl ncclGetMultimemDevicePointer
+    .type ncclGetMultimemDevicePointer, @function
+ncclGetMultimemDevicePointer:
+    leaq .Lname21(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size ncclGetMultimemDevicePointer, .-ncclGetMultimemDevicePointer
+    .globl ncclGetPeerDeviceLeInfo
+    .type ncclGetPeerDeviceLeInfo, @function
+ncclGetPeerDeviceLeInfo:
+    leaq .Lname22(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size ncclGetPeerDeviceLeInfo, .-ncclGetPeerDeviceLeInfo
+    .globl ncclGetPeerDevicePointer
+    .type ncclGetPeerDevicePointer, @function
+ncclGetPeerDevicePointer:
+    leaq .Lname23(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size ncclGetPeerDevicePointer, .-ncclGetPeerDevicePointer
     .globl ncclGetUniqueId
     .type ncclGetUniqueId, @function
 ncclGetUniqueId:
@@ -178,11 +316,27 @@ ncclGetVersion:
     .globl ncclGinBarrierCreateRequirement
     .type ncclGinBarrierCreateRequirement, @function
 ncclGinBarrierCreateRequirement:
-    leaq .Lname8(%rip), %rdi
+    leaq .Lname24(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size ncclGinBarrierCreateRequirement, .-ncclGinBarrierCreateRequirement
+    .globl ncclGinInboxA2ACreateRequirement
+    .type ncclGinInboxA2ACreateRequirement, @function
+ncclGinInboxA2ACreateRequirement:
+    leaq .Lname25(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size ncclGinInboxA2ACreateRequirement, .-ncclGinInboxA2ACreateRequirement
+    .globl ncclGinOutboxCreateRequirement
+    .type ncclGinOutboxCreateRequirement, @function
+ncclGinOutboxCreateRequirement:
+    leaq .Lname26(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size ncclGinOutboxCreateRequirement, .-ncclGinOutboxCreateRequirement
     .globl ncclGroupEnd
     .type ncclGroupEnd, @function
 ncclGroupEnd:
@@ -191,7 +345,7 @@ ncclGroupEnd:
     .globl ncclGroupSimulateEnd
     .type ncclGroupSimulateEnd, @function
 ncclGroupSimulateEnd:
-    leaq .Lname9(%rip), %rdi
+    leaq .Lname27(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -204,7 +358,7 @@ ncclGroupStart:
     .globl ncclLLA2ACalcSlots
     .type ncclLLA2ACalcSlots, @function
 ncclLLA2ACalcSlots:
-    leaq .Lname10(%rip), %rdi
+    leaq .Lname28(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -212,7 +366,7 @@ ncclLLA2ACalcSlots:
     .globl ncclLLA2ACreateRequirement
     .type ncclLLA2ACreateRequirement, @function
 ncclLLA2ACreateRequirement:
-    leaq .Lname11(%rip), %rdi
+    leaq .Lname29(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -220,7 +374,7 @@ ncclLLA2ACreateRequirement:
     .globl ncclLsaBarrierCreateRequirement
     .type ncclLsaBarrierCreateRequirement, @function
 ncclLsaBarrierCreateRequirement:
-    leaq .Lname12(%rip), %rdi
+    leaq .Lname30(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -228,7 +382,7 @@ ncclLsaBarrierCreateRequirement:
     .globl ncclMemAlloc
     .type ncclMemAlloc, @function
 ncclMemAlloc:
-    leaq .Lname13(%rip), %rdi
+    leaq .Lname31(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -236,11 +390,125 @@ ncclMemAlloc:
     .globl ncclMemFree
     .type ncclMemFree, @function
 ncclMemFree:
-    leaq .Lname14(%rip), %rdi
+    leaq .Lname32(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size ncclMemFree, .-ncclMemFree
+    .globl ncclParamBind
+    .type ncclParamBind, @function
+ncclParamBind:
+    jmp __chidori_nccl_ncclParamBind@PLT
+    .size ncclParamBind, .-ncclParamBind
+    .globl ncclParamDumpAll
+    .type ncclParamDumpAll, @function
+ncclParamDumpAll:
+    jmp __chidori_nccl_ncclParamDumpAll@PLT
+    .size ncclParamDumpAll, .-ncclParamDumpAll
+    .globl ncclParamGet
+    .type ncclParamGet, @function
+ncclParamGet:
+    leaq .Lname33(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size ncclParamGet, .-ncclParamGet
+    .globl ncclParamGetAllParameterKeys
+    .type ncclParamGetAllParameterKeys, @function
+ncclParamGetAllParameterKeys:
+    leaq .Lname34(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size ncclParamGetAllParameterKeys, .-ncclParamGetAllParameterKeys
+    .globl ncclParamGetI16
+    .type ncclParamGetI16, @function
+ncclParamGetI16:
+    leaq .Lname35(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size ncclParamGetI16, .-ncclParamGetI16
+    .globl ncclParamGetI32
+    .type ncclParamGetI32, @function
+ncclParamGetI32:
+    leaq .Lname36(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size ncclParamGetI32, .-ncclParamGetI32
+    .globl ncclParamGetI64
+    .type ncclParamGetI64, @function
+ncclParamGetI64:
+    leaq .Lname37(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size ncclParamGetI64, .-ncclParamGetI64
+    .globl ncclParamGetI8
+    .type ncclParamGetI8, @function
+ncclParamGetI8:
+    leaq .Lname38(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size ncclParamGetI8, .-ncclParamGetI8
+    .globl ncclParamGetParameter
+    .type ncclParamGetParameter, @function
+ncclParamGetParameter:
+    leaq .Lname39(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size ncclParamGetParameter, .-ncclParamGetParameter
+    .globl ncclParamGetStr
+    .type ncclParamGetStr, @function
+ncclParamGetStr:
+    leaq .Lname40(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size ncclParamGetStr, .-ncclParamGetStr
+    .globl ncclParamGetU16
+    .type ncclParamGetU16, @function
+ncclParamGetU16:
+    leaq .Lname41(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size ncclParamGetU16, .-ncclParamGetU16
+    .globl ncclParamGetU32
+    .type ncclParamGetU32, @function
+ncclParamGetU32:
+    leaq .Lname42(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size ncclParamGetU32, .-ncclParamGetU32
+    .globl ncclParamGetU64
+    .type ncclParamGetU64, @function
+ncclParamGetU64:
+    leaq .Lname43(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size ncclParamGetU64, .-ncclParamGetU64
+    .globl ncclParamGetU8
+    .type ncclParamGetU8, @function
+ncclParamGetU8:
+    leaq .Lname44(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size ncclParamGetU8, .-ncclParamGetU8
+    .globl ncclPutSignal
+    .type ncclPutSignal, @function
+ncclPutSignal:
+    leaq .Lname45(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size ncclPutSignal, .-ncclPutSignal
     .globl ncclRecv
     .type ncclRecv, @function
 ncclRecv:
@@ -261,11 +529,27 @@ ncclRedOpDestroy:
 ncclReduce:
     jmp __chidori_nccl_ncclReduce@PLT
     .size ncclReduce, .-ncclReduce
+    .globl ncclReduceConfig
+    .type ncclReduceConfig, @function
+ncclReduceConfig:
+    leaq .Lname46(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size ncclReduceConfig, .-ncclReduceConfig
     .globl ncclReduceScatter
     .type ncclReduceScatter, @function
 ncclReduceScatter:
     jmp __chidori_nccl_ncclReduceScatter@PLT
     .size ncclReduceScatter, .-ncclReduceScatter
+    .globl ncclReduceScatterConfig
+    .type ncclReduceScatterConfig, @function
+ncclReduceScatterConfig:
+    leaq .Lname47(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size ncclReduceScatterConfig, .-ncclReduceScatterConfig
     .globl ncclResetDebugInit
     .type ncclResetDebugInit, @function
 ncclResetDebugInit:
@@ -274,7 +558,7 @@ ncclResetDebugInit:
     .globl ncclResetDebugInitInternal
     .type ncclResetDebugInitInternal, @function
 ncclResetDebugInitInternal:
-    leaq .Lname15(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -284,15 +568,52 @@ ncclResetDebugInitInternal:
 ncclScatter:
     jmp __chidori_nccl_ncclScatter@PLT
     .size ncclScatter, .-ncclScatter
+    .globl ncclScatterConfig
+    .type ncclScatterConfig, @function
+ncclScatterConfig:
+    leaq .Lname49(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size ncclScatterConfig, .-ncclScatterConfig
     .globl ncclSend
     .type ncclSend, @function
 ncclSend:
     jmp __chidori_nccl_ncclSend@PLT
     .size ncclSend, .-ncclSend
+    .globl ncclSetEncryption
+    .type ncclSetEncryption, @function
+ncclSetEncryption:
+    leaq .Lname50(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size ncclSetEncryption, .-ncclSetEncryption
+    .globl ncclSignal
+    .type ncclSignal, @function
+ncclSignal:
+    jmp __chidori_nccl_ncclSignal@PLT
+    .size ncclSignal, .-ncclSignal
+    .globl ncclTeamCft
+    .type ncclTeamCft, @function
+ncclTeamCft:
+    leaq .Lname51(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size ncclTeamCft, .-ncclTeamCft
+    .globl ncclTeamCftMultimem
+    .type ncclTeamCftMultimem, @function
+ncclTeamCftMultimem:
+    leaq .Lname52(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size ncclTeamCftMultimem, .-ncclTeamCftMultimem
     .globl ncclTeamLsa
     .type ncclTeamLsa, @function
 ncclTeamLsa:
-    leaq .Lname16(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -300,7 +621,7 @@ ncclTeamLsa:
     .globl ncclTeamRail
     .type ncclTeamRail, @function
 ncclTeamRail:
-    leaq .Lname17(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -308,7 +629,7 @@ ncclTeamRail:
     .globl ncclTeamRankToLsa
     .type ncclTeamRankToLsa, @function
 ncclTeamRankToLsa:
-    leaq .Lname18(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -316,7 +637,7 @@ ncclTeamRankToLsa:
     .globl ncclTeamRankToWorld
     .type ncclTeamRankToWorld, @function
 ncclTeamRankToWorld:
-    leaq .Lname19(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -324,26 +645,66 @@ ncclTeamRankToWorld:
     .globl ncclTeamWorld
     .type ncclTeamWorld, @function
 ncclTeamWorld:
-    leaq .Lname20(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size ncclTeamWorld, .-ncclTeamWorld
+    .globl ncclWaitSignal
+    .type ncclWaitSignal, @function
+ncclWaitSignal:
+    leaq .Lname58(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size ncclWaitSignal, .-ncclWaitSignal
+    .globl ncclWinGetUserPtr
+    .type ncclWinGetUserPtr, @function
+ncclWinGetUserPtr:
+    leaq .Lname59(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size ncclWinGetUserPtr, .-ncclWinGetUserPtr
     .globl pncclAllGather
     .type pncclAllGather, @function
 pncclAllGather:
     jmp __chidori_nccl_pncclAllGather@PLT
     .size pncclAllGather, .-pncclAllGather
+    .globl pncclAllGatherConfig
+    .type pncclAllGatherConfig, @function
+pncclAllGatherConfig:
+    leaq .Lname60(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size pncclAllGatherConfig, .-pncclAllGatherConfig
     .globl pncclAllReduce
     .type pncclAllReduce, @function
 pncclAllReduce:
     jmp __chidori_nccl_pncclAllReduce@PLT
     .size pncclAllReduce, .-pncclAllReduce
+    .globl pncclAllReduceConfig
+    .type pncclAllReduceConfig, @function
+pncclAllReduceConfig:
+    leaq .Lname61(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size pncclAllReduceConfig, .-pncclAllReduceConfig
     .globl pncclAlltoAll
     .type pncclAlltoAll, @function
 pncclAlltoAll:
     jmp __chidori_nccl_pncclAlltoAll@PLT
     .size pncclAlltoAll, .-pncclAlltoAll
+    .globl pncclAlltoAllConfig
+    .type pncclAlltoAllConfig, @function
+pncclAlltoAllConfig:
+    leaq .Lname62(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size pncclAlltoAllConfig, .-pncclAlltoAllConfig
     .globl pncclBcast
     .type pncclBcast, @function
 pncclBcast:
@@ -354,6 +715,14 @@ pncclBcast:
 pncclBroadcast:
     jmp __chidori_nccl_pncclBroadcast@PLT
     .size pncclBroadcast, .-pncclBroadcast
+    .globl pncclBroadcastConfig
+    .type pncclBroadcastConfig, @function
+pncclBroadcastConfig:
+    leaq .Lname63(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size pncclBroadcastConfig, .-pncclBroadcastConfig
     .globl pncclCommAbort
     .type pncclCommAbort, @function
 pncclCommAbort:
@@ -362,7 +731,7 @@ pncclCommAbort:
     .globl pncclCommCount
     .type pncclCommCount, @function
 pncclCommCount:
-    leaq .Lname21(%rip), %rdi
+    leaq .Lname64(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -370,7 +739,7 @@ pncclCommCount:
     .globl pncclCommCuDevice
     .type pncclCommCuDevice, @function
 pncclCommCuDevice:
-    leaq .Lname22(%rip), %rdi
+    leaq .Lname65(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -378,7 +747,7 @@ pncclCommCuDevice:
     .globl pncclCommDeregister
     .type pncclCommDeregister, @function
 pncclCommDeregister:
-    leaq .Lname23(%rip), %rdi
+    leaq .Lname66(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -396,15 +765,31 @@ pncclCommFinalize:
     .globl pncclCommGetAsyncError
     .type pncclCommGetAsyncError, @function
 pncclCommGetAsyncError:
-    leaq .Lname24(%rip), %rdi
+    leaq .Lname67(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size pncclCommGetAsyncError, .-pncclCommGetAsyncError
+    .globl pncclCommGetUniqueId
+    .type pncclCommGetUniqueId, @function
+pncclCommGetUniqueId:
+    leaq .Lname68(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size pncclCommGetUniqueId, .-pncclCommGetUniqueId
+    .globl pncclCommGrow
+    .type pncclCommGrow, @function
+pncclCommGrow:
+    leaq .Lname69(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size pncclCommGrow, .-pncclCommGrow
     .globl pncclCommInitAll
     .type pncclCommInitAll, @function
 pncclCommInitAll:
-    leaq .Lname25(%rip), %rdi
+    leaq .Lname70(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -417,7 +802,7 @@ pncclCommInitRank:
     .globl pncclCommInitRankConfig
     .type pncclCommInitRankConfig, @function
 pncclCommInitRankConfig:
-    leaq .Lname26(%rip), %rdi
+    leaq .Lname71(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -425,19 +810,40 @@ pncclCommInitRankConfig:
     .globl pncclCommInitRankScalable
     .type pncclCommInitRankScalable, @function
 pncclCommInitRankScalable:
-    leaq .Lname27(%rip), %rdi
+    leaq .Lname72(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size pncclCommInitRankScalable, .-pncclCommInitRankScalable
+    .globl pncclCommMemStats
+    .type pncclCommMemStats, @function
+pncclCommMemStats:
+    leaq .Lname73(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size pncclCommMemStats, .-pncclCommMemStats
+    .globl pncclCommQueryProperties
+    .type pncclCommQueryProperties, @function
+pncclCommQueryProperties:
+    leaq .Lname74(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size pncclCommQueryProperties, .-pncclCommQueryProperties
     .globl pncclCommRegister
     .type pncclCommRegister, @function
 pncclCommRegister:
-    leaq .Lname28(%rip), %rdi
+    leaq .Lname75(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size pncclCommRegister, .-pncclCommRegister
+    .globl pncclCommResume
+    .type pncclCommResume, @function
+pncclCommResume:
+    jmp __chidori_nccl_pncclCommResume@PLT
+    .size pncclCommResume, .-pncclCommResume
     .globl pncclCommRevoke
     .type pncclCommRevoke, @function
 pncclCommRevoke:
@@ -446,7 +852,7 @@ pncclCommRevoke:
     .globl pncclCommShrink
     .type pncclCommShrink, @function
 pncclCommShrink:
-    leaq .Lname29(%rip), %rdi
+    leaq .Lname76(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -454,15 +860,20 @@ pncclCommShrink:
     .globl pncclCommSplit
     .type pncclCommSplit, @function
 pncclCommSplit:
-    leaq .Lname30(%rip), %rdi
+    leaq .Lname77(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size pncclCommSplit, .-pncclCommSplit
+    .globl pncclCommSuspend
+    .type pncclCommSuspend, @function
+pncclCommSuspend:
+    jmp __chidori_nccl_pncclCommSuspend@PLT
+    .size pncclCommSuspend, .-pncclCommSuspend
     .globl pncclCommUserRank
     .type pncclCommUserRank, @function
 pncclCommUserRank:
-    leaq .Lname31(%rip), %rdi
+    leaq .Lname78(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -480,7 +891,7 @@ pncclCommWindowRegister:
     .globl pncclDevCommCreate
     .type pncclDevCommCreate, @function
 pncclDevCommCreate:
-    leaq .Lname32(%rip), %rdi
+    leaq .Lname79(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -488,7 +899,7 @@ pncclDevCommCreate:
     .globl pncclDevCommDestroy
     .type pncclDevCommDestroy, @function
 pncclDevCommDestroy:
-    leaq .Lname33(%rip), %rdi
+    leaq .Lname80(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -498,10 +909,26 @@ pncclDevCommDestroy:
 pncclGather:
     jmp __chidori_nccl_pncclGather@PLT
     .size pncclGather, .-pncclGather
+    .globl pncclGatherConfig
+    .type pncclGatherConfig, @function
+pncclGatherConfig:
+    leaq .Lname81(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size pncclGatherConfig, .-pncclGatherConfig
+    .globl pncclGetCftDeviceLeInfo
+    .type pncclGetCftDeviceLeInfo, @function
+pncclGetCftDeviceLeInfo:
+    leaq .Lname82(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size pncclGetCftDeviceLeInfo, .-pncclGetCftDeviceLeInfo
     .globl pncclGetErrorString
     .type pncclGetErrorString, @function
 pncclGetErrorString:
-    leaq .Lname34(%rip), %rdi
+    leaq .Lname83(%rip), %rdi
     movq $0, %rsi
     movl $1, %edx
     jmp __chidori_unsupported@PLT
@@ -511,10 +938,58 @@ pncclGetErrorString:
 pncclGetLastError:
     jmp __chidori_nccl_pncclGetLastError@PLT
     .size pncclGetLastError, .-pncclGetLastError
+    .globl pncclGetLsaDevicePointer
+    .type pncclGetLsaDevicePointer, @function
+pncclGetLsaDevicePointer:
+    leaq .Lname84(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size pncclGetLsaDevicePointer, .-pncclGetLsaDevicePointer
+    .globl pncclGetLsaMultimemDevicePointer
+    .type pncclGetLsaMultimemDevicePointer, @function
+pncclGetLsaMultimemDevicePointer:
+    leaq .Lname85(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size pncclGetLsaMultimemDevicePointer, .-pncclGetLsaMultimemDevicePointer
+    .globl pncclGetMultimemDeviceLeInfo
+    .type pncclGetMultimemDeviceLeInfo, @function
+pncclGetMultimemDeviceLeInfo:
+    leaq .Lname86(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size pncclGetMultimemDeviceLeInfo, .-pncclGetMultimemDeviceLeInfo
+    .globl pncclGetMultimemDevicePointer
+    .type pncclGetMultimemDevicePointer, @function
+pncclGetMultimemDevicePointer:
+    leaq .Lname87(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size pncclGetMultimemDevicePointer, .-pncclGetMultimemDevicePointer
+    .globl pncclGetPeerDeviceLeInfo
+    .type pncclGetPeerDeviceLeInfo, @function
+pncclGetPeerDeviceLeInfo:
+    leaq .Lname88(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size pncclGetPeerDeviceLeInfo, .-pncclGetPeerDeviceLeInfo
+    .globl pncclGetPeerDevicePointer
+    .type pncclGetPeerDevicePointer, @function
+pncclGetPeerDevicePointer:
+    leaq .Lname89(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size pncclGetPeerDevicePointer, .-pncclGetPeerDevicePointer
     .globl pncclGetUniqueId
     .type pncclGetUniqueId, @function
 pncclGetUniqueId:
-    leaq .Lname35(%rip), %rdi
+    leaq .Lname90(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -522,7 +997,7 @@ pncclGetUniqueId:
     .globl pncclGetVersion
     .type pncclGetVersion, @function
 pncclGetVersion:
-    leaq .Lname36(%rip), %rdi
+    leaq .Lname91(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -530,11 +1005,27 @@ pncclGetVersion:
     .globl pncclGinBarrierCreateRequirement
     .type pncclGinBarrierCreateRequirement, @function
 pncclGinBarrierCreateRequirement:
-    leaq .Lname37(%rip), %rdi
+    leaq .Lname92(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size pncclGinBarrierCreateRequirement, .-pncclGinBarrierCreateRequirement
+    .globl pncclGinInboxA2ACreateRequirement
+    .type pncclGinInboxA2ACreateRequirement, @function
+pncclGinInboxA2ACreateRequirement:
+    leaq .Lname93(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size pncclGinInboxA2ACreateRequirement, .-pncclGinInboxA2ACreateRequirement
+    .globl pncclGinOutboxCreateRequirement
+    .type pncclGinOutboxCreateRequirement, @function
+pncclGinOutboxCreateRequirement:
+    leaq .Lname94(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size pncclGinOutboxCreateRequirement, .-pncclGinOutboxCreateRequirement
     .globl pncclGroupEnd
     .type pncclGroupEnd, @function
 pncclGroupEnd:
@@ -543,7 +1034,7 @@ pncclGroupEnd:
     .globl pncclGroupSimulateEnd
     .type pncclGroupSimulateEnd, @function
 pncclGroupSimulateEnd:
-    leaq .Lname38(%rip), %rdi
+    leaq .Lname95(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -556,7 +1047,7 @@ pncclGroupStart:
     .globl pncclLLA2ACalcSlots
     .type pncclLLA2ACalcSlots, @function
 pncclLLA2ACalcSlots:
-    leaq .Lname39(%rip), %rdi
+    leaq .Lname96(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -564,7 +1055,7 @@ pncclLLA2ACalcSlots:
     .globl pncclLLA2ACreateRequirement
     .type pncclLLA2ACreateRequirement, @function
 pncclLLA2ACreateRequirement:
-    leaq .Lname40(%rip), %rdi
+    leaq .Lname97(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -572,7 +1063,7 @@ pncclLLA2ACreateRequirement:
     .globl pncclLsaBarrierCreateRequirement
     .type pncclLsaBarrierCreateRequirement, @function
 pncclLsaBarrierCreateRequirement:
-    leaq .Lname41(%rip), %rdi
+    leaq .Lname98(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -580,7 +1071,7 @@ pncclLsaBarrierCreateRequirement:
     .globl pncclMemAlloc
     .type pncclMemAlloc, @function
 pncclMemAlloc:
-    leaq .Lname42(%rip), %rdi
+    leaq .Lname99(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -588,11 +1079,125 @@ pncclMemAlloc:
     .globl pncclMemFree
     .type pncclMemFree, @function
 pncclMemFree:
-    leaq .Lname43(%rip), %rdi
+    leaq .Lname100(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size pncclMemFree, .-pncclMemFree
+    .globl pncclParamBind
+    .type pncclParamBind, @function
+pncclParamBind:
+    jmp __chidori_nccl_pncclParamBind@PLT
+    .size pncclParamBind, .-pncclParamBind
+    .globl pncclParamDumpAll
+    .type pncclParamDumpAll, @function
+pncclParamDumpAll:
+    jmp __chidori_nccl_pncclParamDumpAll@PLT
+    .size pncclParamDumpAll, .-pncclParamDumpAll
+    .globl pncclParamGet
+    .type pncclParamGet, @function
+pncclParamGet:
+    leaq .Lname101(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size pncclParamGet, .-pncclParamGet
+    .globl pncclParamGetAllParameterKeys
+    .type pncclParamGetAllParameterKeys, @function
+pncclParamGetAllParameterKeys:
+    leaq .Lname102(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size pncclParamGetAllParameterKeys, .-pncclParamGetAllParameterKeys
+    .globl pncclParamGetI16
+    .type pncclParamGetI16, @function
+pncclParamGetI16:
+    leaq .Lname103(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size pncclParamGetI16, .-pncclParamGetI16
+    .globl pncclParamGetI32
+    .type pncclParamGetI32, @function
+pncclParamGetI32:
+    leaq .Lname104(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size pncclParamGetI32, .-pncclParamGetI32
+    .globl pncclParamGetI64
+    .type pncclParamGetI64, @function
+pncclParamGetI64:
+    leaq .Lname105(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size pncclParamGetI64, .-pncclParamGetI64
+    .globl pncclParamGetI8
+    .type pncclParamGetI8, @function
+pncclParamGetI8:
+    leaq .Lname106(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size pncclParamGetI8, .-pncclParamGetI8
+    .globl pncclParamGetParameter
+    .type pncclParamGetParameter, @function
+pncclParamGetParameter:
+    leaq .Lname107(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size pncclParamGetParameter, .-pncclParamGetParameter
+    .globl pncclParamGetStr
+    .type pncclParamGetStr, @function
+pncclParamGetStr:
+    leaq .Lname108(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size pncclParamGetStr, .-pncclParamGetStr
+    .globl pncclParamGetU16
+    .type pncclParamGetU16, @function
+pncclParamGetU16:
+    leaq .Lname109(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size pncclParamGetU16, .-pncclParamGetU16
+    .globl pncclParamGetU32
+    .type pncclParamGetU32, @function
+pncclParamGetU32:
+    leaq .Lname110(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size pncclParamGetU32, .-pncclParamGetU32
+    .globl pncclParamGetU64
+    .type pncclParamGetU64, @function
+pncclParamGetU64:
+    leaq .Lname111(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size pncclParamGetU64, .-pncclParamGetU64
+    .globl pncclParamGetU8
+    .type pncclParamGetU8, @function
+pncclParamGetU8:
+    leaq .Lname112(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size pncclParamGetU8, .-pncclParamGetU8
+    .globl pncclPutSignal
+    .type pncclPutSignal, @function
+pncclPutSignal:
+    leaq .Lname113(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size pncclPutSignal, .-pncclPutSignal
     .globl pncclRecv
     .type pncclRecv, @function
 pncclRecv:
@@ -613,11 +1218,27 @@ pncclRedOpDestroy:
 pncclReduce:
     jmp __chidori_nccl_pncclReduce@PLT
     .size pncclReduce, .-pncclReduce
+    .globl pncclReduceConfig
+    .type pncclReduceConfig, @function
+pncclReduceConfig:
+    leaq .Lname114(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size pncclReduceConfig, .-pncclReduceConfig
     .globl pncclReduceScatter
     .type pncclReduceScatter, @function
 pncclReduceScatter:
     jmp __chidori_nccl_pncclReduceScatter@PLT
     .size pncclReduceScatter, .-pncclReduceScatter
+    .globl pncclReduceScatterConfig
+    .type pncclReduceScatterConfig, @function
+pncclReduceScatterConfig:
+    leaq .Lname115(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size pncclReduceScatterConfig, .-pncclReduceScatterConfig
     .globl pncclResetDebugInit
     .type pncclResetDebugInit, @function
 pncclResetDebugInit:
@@ -628,15 +1249,52 @@ pncclResetDebugInit:
 pncclScatter:
     jmp __chidori_nccl_pncclScatter@PLT
     .size pncclScatter, .-pncclScatter
+    .globl pncclScatterConfig
+    .type pncclScatterConfig, @function
+pncclScatterConfig:
+    leaq .Lname116(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size pncclScatterConfig, .-pncclScatterConfig
     .globl pncclSend
     .type pncclSend, @function
 pncclSend:
     jmp __chidori_nccl_pncclSend@PLT
     .size pncclSend, .-pncclSend
+    .globl pncclSetEncryption
+    .type pncclSetEncryption, @function
+pncclSetEncryption:
+    leaq .Lname117(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size pncclSetEncryption, .-pncclSetEncryption
+    .globl pncclSignal
+    .type pncclSignal, @function
+pncclSignal:
+    jmp __chidori_nccl_pncclSignal@PLT
+    .size pncclSignal, .-pncclSignal
+    .globl pncclTeamCft
+    .type pncclTeamCft, @function
+pncclTeamCft:
+    leaq .Lname118(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size pncclTeamCft, .-pncclTeamCft
+    .globl pncclTeamCftMultimem
+    .type pncclTeamCftMultimem, @function
+pncclTeamCftMultimem:
+    leaq .Lname119(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size pncclTeamCftMultimem, .-pncclTeamCftMultimem
     .globl pncclTeamLsa
     .type pncclTeamLsa, @function
 pncclTeamLsa:
-    leaq .Lname44(%rip), %rdi
+    leaq .Lname120(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -644,7 +1302,7 @@ pncclTeamLsa:
     .globl pncclTeamRail
     .type pncclTeamRail, @function
 pncclTeamRail:
-    leaq .Lname45(%rip), %rdi
+    leaq .Lname121(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -652,7 +1310,7 @@ pncclTeamRail:
     .globl pncclTeamRankToLsa
     .type pncclTeamRankToLsa, @function
 pncclTeamRankToLsa:
-    leaq .Lname46(%rip), %rdi
+    leaq .Lname122(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -660,7 +1318,7 @@ pncclTeamRankToLsa:
     .globl pncclTeamRankToWorld
     .type pncclTeamRankToWorld, @function
 pncclTeamRankToWorld:
-    leaq .Lname47(%rip), %rdi
+    leaq .Lname123(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -668,108 +1326,280 @@ pncclTeamRankToWorld:
     .globl pncclTeamWorld
     .type pncclTeamWorld, @function
 pncclTeamWorld:
-    leaq .Lname48(%rip), %rdi
+    leaq .Lname124(%rip), %rdi
     movq $5, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size pncclTeamWorld, .-pncclTeamWorld
+    .globl pncclWaitSignal
+    .type pncclWaitSignal, @function
+pncclWaitSignal:
+    leaq .Lname125(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size pncclWaitSignal, .-pncclWaitSignal
+    .globl pncclWinGetUserPtr
+    .type pncclWinGetUserPtr, @function
+pncclWinGetUserPtr:
+    leaq .Lname126(%rip), %rdi
+    movq $5, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size pncclWinGetUserPtr, .-pncclWinGetUserPtr
     .section .rodata
 .Lname0:
-    .asciz "ncclCommDeregister"
+    .asciz "ncclAllGatherConfig"
 .Lname1:
-    .asciz "ncclCommInitAll"
+    .asciz "ncclAllReduceConfig"
 .Lname2:
-    .asciz "ncclCommInitRankScalable"
+    .asciz "ncclAlltoAllConfig"
 .Lname3:
-    .asciz "ncclCommRegister"
+    .asciz "ncclBroadcastConfig"
 .Lname4:
-    .asciz "ncclCommShrink"
+    .asciz "ncclCommDeregister"
 .Lname5:
-    .asciz "ncclCommWindowRegister"
+    .asciz "ncclCommGetUniqueId"
 .Lname6:
-    .asciz "ncclDevCommCreate"
+    .asciz "ncclCommGrow"
 .Lname7:
-    .asciz "ncclDevCommDestroy"
+    .asciz "ncclCommInitAll"
 .Lname8:
-    .asciz "ncclGinBarrierCreateRequirement"
+    .asciz "ncclCommInitRankScalable"
 .Lname9:
-    .asciz "ncclGroupSimulateEnd"
+    .asciz "ncclCommMemStats"
 .Lname10:
-    .asciz "ncclLLA2ACalcSlots"
+    .asciz "ncclCommQueryProperties"
 .Lname11:
-    .asciz "ncclLLA2ACreateRequirement"
+    .asciz "ncclCommRegister"
 .Lname12:
-    .asciz "ncclLsaBarrierCreateRequirement"
+    .asciz "ncclCommShrink"
 .Lname13:
-    .asciz "ncclMemAlloc"
+    .asciz "ncclCommWindowRegister"
 .Lname14:
-    .asciz "ncclMemFree"
+    .asciz "ncclDevCommCreate"
 .Lname15:
-    .asciz "ncclResetDebugInitInternal"
+    .asciz "ncclDevCommDestroy"
 .Lname16:
-    .asciz "ncclTeamLsa"
+    .asciz "ncclGatherConfig"
 .Lname17:
-    .asciz "ncclTeamRail"
+    .asciz "ncclGetCftDeviceLeInfo"
 .Lname18:
-    .asciz "ncclTeamRankToLsa"
+    .asciz "ncclGetLsaDevicePointer"
 .Lname19:
-    .asciz "ncclTeamRankToWorld"
+    .asciz "ncclGetLsaMultimemDevicePointer"
 .Lname20:
-    .asciz "ncclTeamWorld"
+    .asciz "ncclGetMultimemDeviceLeInfo"
 .Lname21:
-    .asciz "pncclCommCount"
+    .asciz "ncclGetMultimemDevicePointer"
 .Lname22:
-    .asciz "pncclCommCuDevice"
+    .asciz "ncclGetPeerDeviceLeInfo"
 .Lname23:
-    .asciz "pncclCommDeregister"
+    .asciz "ncclGetPeerDevicePointer"
 .Lname24:
-    .asciz "pncclCommGetAsyncError"
+    .asciz "ncclGinBarrierCreateRequirement"
 .Lname25:
-    .asciz "pncclCommInitAll"
+    .asciz "ncclGinInboxA2ACreateRequirement"
 .Lname26:
-    .asciz "pncclCommInitRankConfig"
+    .asciz "ncclGinOutboxCreateRequirement"
 .Lname27:
-    .asciz "pncclCommInitRankScalable"
+    .asciz "ncclGroupSimulateEnd"
 .Lname28:
-    .asciz "pncclCommRegister"
+    .asciz "ncclLLA2ACalcSlots"
 .Lname29:
-    .asciz "pncclCommShrink"
+    .asciz "ncclLLA2ACreateRequirement"
 .Lname30:
-    .asciz "pncclCommSplit"
+    .asciz "ncclLsaBarrierCreateRequirement"
 .Lname31:
-    .asciz "pncclCommUserRank"
+    .asciz "ncclMemAlloc"
 .Lname32:
-    .asciz "pncclDevCommCreate"
+    .asciz "ncclMemFree"
 .Lname33:
-    .asciz "pncclDevCommDestroy"
+    .asciz "ncclParamGet"
 .Lname34:
-    .asciz "pncclGetErrorString"
+    .asciz "ncclParamGetAllParameterKeys"
 .Lname35:
-    .asciz "pncclGetUniqueId"
+    .asciz "ncclParamGetI16"
 .Lname36:
-    .asciz "pncclGetVersion"
+    .asciz "ncclParamGetI32"
 .Lname37:
-    .asciz "pncclGinBarrierCreateRequirement"
+    .asciz "ncclParamGetI64"
 .Lname38:
-    .asciz "pncclGroupSimulateEnd"
+    .asciz "ncclParamGetI8"
 .Lname39:
-    .asciz "pncclLLA2ACalcSlots"
+    .asciz "ncclParamGetParameter"
 .Lname40:
-    .asciz "pncclLLA2ACreateRequirement"
+    .asciz "ncclParamGetStr"
 .Lname41:
-    .asciz "pncclLsaBarrierCreateRequirement"
+    .asciz "ncclParamGetU16"
 .Lname42:
-    .asciz "pncclMemAlloc"
+    .asciz "ncclParamGetU32"
 .Lname43:
-    .asciz "pncclMemFree"
+    .asciz "ncclParamGetU64"
 .Lname44:
-    .asciz "pncclTeamLsa"
+    .asciz "ncclParamGetU8"
 .Lname45:
-    .asciz "pncclTeamRail"
+    .asciz "ncclPutSignal"
 .Lname46:
-    .asciz "pncclTeamRankToLsa"
+    .asciz "ncclReduceConfig"
 .Lname47:
-    .asciz "pncclTeamRankToWorld"
+    .asciz "ncclReduceScatterConfig"
 .Lname48:
+    .asciz "ncclResetDebugInitInternal"
+.Lname49:
+    .asciz "ncclScatterConfig"
+.Lname50:
+    .asciz "ncclSetEncryption"
+.Lname51:
+    .asciz "ncclTeamCft"
+.Lname52:
+    .asciz "ncclTeamCftMultimem"
+.Lname53:
+    .asciz "ncclTeamLsa"
+.Lname54:
+    .asciz "ncclTeamRail"
+.Lname55:
+    .asciz "ncclTeamRankToLsa"
+.Lname56:
+    .asciz "ncclTeamRankToWorld"
+.Lname57:
+    .asciz "ncclTeamWorld"
+.Lname58:
+    .asciz "ncclWaitSignal"
+.Lname59:
+    .asciz "ncclWinGetUserPtr"
+.Lname60:
+    .asciz "pncclAllGatherConfig"
+.Lname61:
+    .asciz "pncclAllReduceConfig"
+.Lname62:
+    .asciz "pncclAlltoAllConfig"
+.Lname63:
+    .asciz "pncclBroadcastConfig"
+.Lname64:
+    .asciz "pncclCommCount"
+.Lname65:
+    .asciz "pncclCommCuDevice"
+.Lname66:
+    .asciz "pncclCommDeregister"
+.Lname67:
+    .asciz "pncclCommGetAsyncError"
+.Lname68:
+    .asciz "pncclCommGetUniqueId"
+.Lname69:
+    .asciz "pncclCommGrow"
+.Lname70:
+    .asciz "pncclCommInitAll"
+.Lname71:
+    .asciz "pncclCommInitRankConfig"
+.Lname72:
+    .asciz "pncclCommInitRankScalable"
+.Lname73:
+    .asciz "pncclCommMemStats"
+.Lname74:
+    .asciz "pncclCommQueryProperties"
+.Lname75:
+    .asciz "pncclCommRegister"
+.Lname76:
+    .asciz "pncclCommShrink"
+.Lname77:
+    .asciz "pncclCommSplit"
+.Lname78:
+    .asciz "pncclCommUserRank"
+.Lname79:
+    .asciz "pncclDevCommCreate"
+.Lname80:
+    .asciz "pncclDevCommDestroy"
+.Lname81:
+    .asciz "pncclGatherConfig"
+.Lname82:
+    .asciz "pncclGetCftDeviceLeInfo"
+.Lname83:
+    .asciz "pncclGetErrorString"
+.Lname84:
+    .asciz "pncclGetLsaDevicePointer"
+.Lname85:
+    .asciz "pncclGetLsaMultimemDevicePointer"
+.Lname86:
+    .asciz "pncclGetMultimemDeviceLeInfo"
+.Lname87:
+    .asciz "pncclGetMultimemDevicePointer"
+.Lname88:
+    .asciz "pncclGetPeerDeviceLeInfo"
+.Lname89:
+    .asciz "pncclGetPeerDevicePointer"
+.Lname90:
+    .asciz "pncclGetUniqueId"
+.Lname91:
+    .asciz "pncclGetVersion"
+.Lname92:
+    .asciz "pncclGinBarrierCreateRequirement"
+.Lname93:
+    .asciz "pncclGinInboxA2ACreateRequirement"
+.Lname94:
+    .asciz "pncclGinOutboxCreateRequirement"
+.Lname95:
+    .asciz "pncclGroupSimulateEnd"
+.Lname96:
+    .asciz "pncclLLA2ACalcSlots"
+.Lname97:
+    .asciz "pncclLLA2ACreateRequirement"
+.Lname98:
+    .asciz "pncclLsaBarrierCreateRequirement"
+.Lname99:
+    .asciz "pncclMemAlloc"
+.Lname100:
+    .asciz "pncclMemFree"
+.Lname101:
+    .asciz "pncclParamGet"
+.Lname102:
+    .asciz "pncclParamGetAllParameterKeys"
+.Lname103:
+    .asciz "pncclParamGetI16"
+.Lname104:
+    .asciz "pncclParamGetI32"
+.Lname105:
+    .asciz "pncclParamGetI64"
+.Lname106:
+    .asciz "pncclParamGetI8"
+.Lname107:
+    .asciz "pncclParamGetParameter"
+.Lname108:
+    .asciz "pncclParamGetStr"
+.Lname109:
+    .asciz "pncclParamGetU16"
+.Lname110:
+    .asciz "pncclParamGetU32"
+.Lname111:
+    .asciz "pncclParamGetU64"
+.Lname112:
+    .asciz "pncclParamGetU8"
+.Lname113:
+    .asciz "pncclPutSignal"
+.Lname114:
+    .asciz "pncclReduceConfig"
+.Lname115:
+    .asciz "pncclReduceScatterConfig"
+.Lname116:
+    .asciz "pncclScatterConfig"
+.Lname117:
+    .asciz "pncclSetEncryption"
+.Lname118:
+    .asciz "pncclTeamCft"
+.Lname119:
+    .asciz "pncclTeamCftMultimem"
+.Lname120:
+    .asciz "pncclTeamLsa"
+.Lname121:
+    .asciz "pncclTeamRail"
+.Lname122:
+    .asciz "pncclTeamRankToLsa"
+.Lname123:
+    .asciz "pncclTeamRankToWorld"
+.Lname124:
     .asciz "pncclTeamWorld"
+.Lname125:
+    .asciz "pncclWaitSignal"
+.Lname126:
+    .asciz "pncclWinGetUserPtr"
     .section .note.GNU-stack,"",@progbits

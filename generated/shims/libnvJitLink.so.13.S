@@ -11,6 +11,11 @@ __nvJitLinkAddData_13_0:
 __nvJitLinkAddData_13_1:
     jmp __chidori_nvjitlink___nvJitLinkAddData_13_1@PLT
     .size __nvJitLinkAddData_13_1, .-__nvJitLinkAddData_13_1
+    .globl __nvJitLinkAddData_13_5
+    .type __nvJitLinkAddData_13_5, @function
+__nvJitLinkAddData_13_5:
+    jmp __chidori_nvjitlink___nvJitLinkAddData_13_5@PLT
+    .size __nvJitLinkAddData_13_5, .-__nvJitLinkAddData_13_5
     .globl __nvJitLinkAddFile_13_0
     .type __nvJitLinkAddFile_13_0, @function
 __nvJitLinkAddFile_13_0:
@@ -21,6 +26,11 @@ __nvJitLinkAddFile_13_0:
 __nvJitLinkAddFile_13_1:
     jmp __chidori_nvjitlink___nvJitLinkAddFile_13_1@PLT
     .size __nvJitLinkAddFile_13_1, .-__nvJitLinkAddFile_13_1
+    .globl __nvJitLinkAddFile_13_5
+    .type __nvJitLinkAddFile_13_5, @function
+__nvJitLinkAddFile_13_5:
+    jmp __chidori_nvjitlink___nvJitLinkAddFile_13_5@PLT
+    .size __nvJitLinkAddFile_13_5, .-__nvJitLinkAddFile_13_5
     .globl __nvJitLinkComplete_13_0
     .type __nvJitLinkComplete_13_0, @function
 __nvJitLinkComplete_13_0:
@@ -31,6 +41,11 @@ __nvJitLinkComplete_13_0:
 __nvJitLinkComplete_13_1:
     jmp __chidori_nvjitlink___nvJitLinkComplete_13_1@PLT
     .size __nvJitLinkComplete_13_1, .-__nvJitLinkComplete_13_1
+    .globl __nvJitLinkComplete_13_5
+    .type __nvJitLinkComplete_13_5, @function
+__nvJitLinkComplete_13_5:
+    jmp __chidori_nvjitlink___nvJitLinkComplete_13_5@PLT
+    .size __nvJitLinkComplete_13_5, .-__nvJitLinkComplete_13_5
     .globl __nvJitLinkCreate_13_0
     .type __nvJitLinkCreate_13_0, @function
 __nvJitLinkCreate_13_0:
@@ -41,6 +56,11 @@ __nvJitLinkCreate_13_0:
 __nvJitLinkCreate_13_1:
     jmp __chidori_nvjitlink___nvJitLinkCreate_13_1@PLT
     .size __nvJitLinkCreate_13_1, .-__nvJitLinkCreate_13_1
+    .globl __nvJitLinkCreate_13_5
+    .type __nvJitLinkCreate_13_5, @function
+__nvJitLinkCreate_13_5:
+    jmp __chidori_nvjitlink___nvJitLinkCreate_13_5@PLT
+    .size __nvJitLinkCreate_13_5, .-__nvJitLinkCreate_13_5
     .globl __nvJitLinkDestroy_13_0
     .type __nvJitLinkDestroy_13_0, @function
 __nvJitLinkDestroy_13_0:
@@ -51,6 +71,11 @@ __nvJitLinkDestroy_13_0:
 __nvJitLinkDestroy_13_1:
     jmp __chidori_nvjitlink___nvJitLinkDestroy_13_1@PLT
     .size __nvJitLinkDestroy_13_1, .-__nvJitLinkDestroy_13_1
+    .globl __nvJitLinkDestroy_13_5
+    .type __nvJitLinkDestroy_13_5, @function
+__nvJitLinkDestroy_13_5:
+    jmp __chidori_nvjitlink___nvJitLinkDestroy_13_5@PLT
+    .size __nvJitLinkDestroy_13_5, .-__nvJitLinkDestroy_13_5
     .globl __nvJitLinkGetErrorLogSize_13_0
     .type __nvJitLinkGetErrorLogSize_13_0, @function
 __nvJitLinkGetErrorLogSize_13_0:
@@ -61,6 +86,11 @@ __nvJitLinkGetErrorLogSize_13_0:
 __nvJitLinkGetErrorLogSize_13_1:
     jmp __chidori_nvjitlink___nvJitLinkGetErrorLogSize_13_1@PLT
     .size __nvJitLinkGetErrorLogSize_13_1, .-__nvJitLinkGetErrorLogSize_13_1
+    .globl __nvJitLinkGetErrorLogSize_13_5
+    .type __nvJitLinkGetErrorLogSize_13_5, @function
+__nvJitLinkGetErrorLogSize_13_5:
+    jmp __chidori_nvjitlink___nvJitLinkGetErrorLogSize_13_5@PLT
+    .size __nvJitLinkGetErrorLogSize_13_5, .-__nvJitLinkGetErrorLogSize_13_5
     .globl __nvJitLinkGetErrorLog_13_0
     .type __nvJitLinkGetErrorLog_13_0, @function
 __nvJitLinkGetErrorLog_13_0:
@@ -71,6 +101,11 @@ __nvJitLinkGetErrorLog_13_0:
 __nvJitLinkGetErrorLog_13_1:
     jmp __chidori_nvjitlink___nvJitLinkGetErrorLog_13_1@PLT
     .size __nvJitLinkGetErrorLog_13_1, .-__nvJitLinkGetErrorLog_13_1
+    .globl __nvJitLinkGetErrorLog_13_5
+    .type __nvJitLinkGetErrorLog_13_5, @function
+__nvJitLinkGetErrorLog_13_5:
+    jmp __chidori_nvjitlink___nvJitLinkGetErrorLog_13_5@PLT
+    .size __nvJitLinkGetErrorLog_13_5, .-__nvJitLinkGetErrorLog_13_5
     .globl __nvJitLinkGetInfoLogSize_13_0
     .type __nvJitLinkGetInfoLogSize_13_0, @function
 __nvJitLinkGetInfoLogSize_13_0:
@@ -81,6 +116,11 @@ __nvJitLinkGetInfoLogSize_13_0:
 __nvJitLinkGetInfoLogSize_13_1:
     jmp __chidori_nvjitlink___nvJitLinkGetInfoLogSize_13_1@PLT
     .size __nvJitLinkGetInfoLogSize_13_1, .-__nvJitLinkGetInfoLogSize_13_1
+    .globl __nvJitLinkGetInfoLogSize_13_5
+    .type __nvJitLinkGetInfoLogSize_13_5, @function
+__nvJitLinkGetInfoLogSize_13_5:
+    jmp __chidori_nvjitlink___nvJitLinkGetInfoLogSize_13_5@PLT
+    .size __nvJitLinkGetInfoLogSize_13_5, .-__nvJitLinkGetInfoLogSize_13_5
     .globl __nvJitLinkGetInfoLog_13_0
     .type __nvJitLinkGetInfoLog_13_0, @function
 __nvJitLinkGetInfoLog_13_0:
@@ -91,6 +131,11 @@ __nvJitLinkGetInfoLog_13_0:
 __nvJitLinkGetInfoLog_13_1:
     jmp __chidori_nvjitlink___nvJitLinkGetInfoLog_13_1@PLT
     .size __nvJitLinkGetInfoLog_13_1, .-__nvJitLinkGetInfoLog_13_1
+    .globl __nvJitLinkGetInfoLog_13_5
+    .type __nvJitLinkGetInfoLog_13_5, @function
+__nvJitLinkGetInfoLog_13_5:
+    jmp __chidori_nvjitlink___nvJitLinkGetInfoLog_13_5@PLT
+    .size __nvJitLinkGetInfoLog_13_5, .-__nvJitLinkGetInfoLog_13_5
     .globl __nvJitLinkGetLinkedCubinSize_13_0
     .type __nvJitLinkGetLinkedCubinSize_13_0, @function
 __nvJitLinkGetLinkedCubinSize_13_0:
@@ -101,6 +146,11 @@ __nvJitLinkGetLinkedCubinSize_13_0:
 __nvJitLinkGetLinkedCubinSize_13_1:
     jmp __chidori_nvjitlink___nvJitLinkGetLinkedCubinSize_13_1@PLT
     .size __nvJitLinkGetLinkedCubinSize_13_1, .-__nvJitLinkGetLinkedCubinSize_13_1
+    .globl __nvJitLinkGetLinkedCubinSize_13_5
+    .type __nvJitLinkGetLinkedCubinSize_13_5, @function
+__nvJitLinkGetLinkedCubinSize_13_5:
+    jmp __chidori_nvjitlink___nvJitLinkGetLinkedCubinSize_13_5@PLT
+    .size __nvJitLinkGetLinkedCubinSize_13_5, .-__nvJitLinkGetLinkedCubinSize_13_5
     .globl __nvJitLinkGetLinkedCubin_13_0
     .type __nvJitLinkGetLinkedCubin_13_0, @function
 __nvJitLinkGetLinkedCubin_13_0:
@@ -111,6 +161,27 @@ __nvJitLinkGetLinkedCubin_13_0:
 __nvJitLinkGetLinkedCubin_13_1:
     jmp __chidori_nvjitlink___nvJitLinkGetLinkedCubin_13_1@PLT
     .size __nvJitLinkGetLinkedCubin_13_1, .-__nvJitLinkGetLinkedCubin_13_1
+    .globl __nvJitLinkGetLinkedCubin_13_5
+    .type __nvJitLinkGetLinkedCubin_13_5, @function
+__nvJitLinkGetLinkedCubin_13_5:
+    jmp __chidori_nvjitlink___nvJitLinkGetLinkedCubin_13_5@PLT
+    .size __nvJitLinkGetLinkedCubin_13_5, .-__nvJitLinkGetLinkedCubin_13_5
+    .globl __nvJitLinkGetLinkedLTOIRSize_13_5
+    .type __nvJitLinkGetLinkedLTOIRSize_13_5, @function
+__nvJitLinkGetLinkedLTOIRSize_13_5:
+    leaq .Lname0(%rip), %rdi
+    movq $6, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size __nvJitLinkGetLinkedLTOIRSize_13_5, .-__nvJitLinkGetLinkedLTOIRSize_13_5
+    .globl __nvJitLinkGetLinkedLTOIR_13_5
+    .type __nvJitLinkGetLinkedLTOIR_13_5, @function
+__nvJitLinkGetLinkedLTOIR_13_5:
+    leaq .Lname1(%rip), %rdi
+    movq $6, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size __nvJitLinkGetLinkedLTOIR_13_5, .-__nvJitLinkGetLinkedLTOIR_13_5
     .globl __nvJitLinkGetLinkedPtxSize_13_0
     .type __nvJitLinkGetLinkedPtxSize_13_0, @function
 __nvJitLinkGetLinkedPtxSize_13_0:
@@ -121,6 +192,11 @@ __nvJitLinkGetLinkedPtxSize_13_0:
 __nvJitLinkGetLinkedPtxSize_13_1:
     jmp __chidori_nvjitlink___nvJitLinkGetLinkedPtxSize_13_1@PLT
     .size __nvJitLinkGetLinkedPtxSize_13_1, .-__nvJitLinkGetLinkedPtxSize_13_1
+    .globl __nvJitLinkGetLinkedPtxSize_13_5
+    .type __nvJitLinkGetLinkedPtxSize_13_5, @function
+__nvJitLinkGetLinkedPtxSize_13_5:
+    jmp __chidori_nvjitlink___nvJitLinkGetLinkedPtxSize_13_5@PLT
+    .size __nvJitLinkGetLinkedPtxSize_13_5, .-__nvJitLinkGetLinkedPtxSize_13_5
     .globl __nvJitLinkGetLinkedPtx_13_0
     .type __nvJitLinkGetLinkedPtx_13_0, @function
 __nvJitLinkGetLinkedPtx_13_0:
@@ -131,70 +207,91 @@ __nvJitLinkGetLinkedPtx_13_0:
 __nvJitLinkGetLinkedPtx_13_1:
     jmp __chidori_nvjitlink___nvJitLinkGetLinkedPtx_13_1@PLT
     .size __nvJitLinkGetLinkedPtx_13_1, .-__nvJitLinkGetLinkedPtx_13_1
+    .globl __nvJitLinkGetLinkedPtx_13_5
+    .type __nvJitLinkGetLinkedPtx_13_5, @function
+__nvJitLinkGetLinkedPtx_13_5:
+    jmp __chidori_nvjitlink___nvJitLinkGetLinkedPtx_13_5@PLT
+    .size __nvJitLinkGetLinkedPtx_13_5, .-__nvJitLinkGetLinkedPtx_13_5
     .globl nvJitLinkAddData
     .type nvJitLinkAddData, @function
 nvJitLinkAddData:
-    jmp __chidori_nvjitlink___nvJitLinkAddData_13_1@PLT
+    jmp __chidori_nvjitlink___nvJitLinkAddData_13_5@PLT
     .size nvJitLinkAddData, .-nvJitLinkAddData
     .globl nvJitLinkAddFile
     .type nvJitLinkAddFile, @function
 nvJitLinkAddFile:
-    jmp __chidori_nvjitlink___nvJitLinkAddFile_13_1@PLT
+    jmp __chidori_nvjitlink___nvJitLinkAddFile_13_5@PLT
     .size nvJitLinkAddFile, .-nvJitLinkAddFile
     .globl nvJitLinkComplete
     .type nvJitLinkComplete, @function
 nvJitLinkComplete:
-    jmp __chidori_nvjitlink___nvJitLinkComplete_13_1@PLT
+    jmp __chidori_nvjitlink___nvJitLinkComplete_13_5@PLT
     .size nvJitLinkComplete, .-nvJitLinkComplete
     .globl nvJitLinkCreate
     .type nvJitLinkCreate, @function
 nvJitLinkCreate:
-    jmp __chidori_nvjitlink___nvJitLinkCreate_13_1@PLT
+    jmp __chidori_nvjitlink___nvJitLinkCreate_13_5@PLT
     .size nvJitLinkCreate, .-nvJitLinkCreate
     .globl nvJitLinkDestroy
     .type nvJitLinkDestroy, @function
 nvJitLinkDestroy:
-    jmp __chidori_nvjitlink___nvJitLinkDestroy_13_1@PLT
+    jmp __chidori_nvjitlink___nvJitLinkDestroy_13_5@PLT
     .size nvJitLinkDestroy, .-nvJitLinkDestroy
     .globl nvJitLinkGetErrorLog
     .type nvJitLinkGetErrorLog, @function
 nvJitLinkGetErrorLog:
-    jmp __chidori_nvjitlink___nvJitLinkGetErrorLog_13_1@PLT
+    jmp __chidori_nvjitlink___nvJitLinkGetErrorLog_13_5@PLT
     .size nvJitLinkGetErrorLog, .-nvJitLinkGetErrorLog
     .globl nvJitLinkGetErrorLogSize
     .type nvJitLinkGetErrorLogSize, @function
 nvJitLinkGetErrorLogSize:
-    jmp __chidori_nvjitlink___nvJitLinkGetErrorLogSize_13_1@PLT
+    jmp __chidori_nvjitlink___nvJitLinkGetErrorLogSize_13_5@PLT
     .size nvJitLinkGetErrorLogSize, .-nvJitLinkGetErrorLogSize
     .globl nvJitLinkGetInfoLog
     .type nvJitLinkGetInfoLog, @function
 nvJitLinkGetInfoLog:
-    jmp __chidori_nvjitlink___nvJitLinkGetInfoLog_13_1@PLT
+    jmp __chidori_nvjitlink___nvJitLinkGetInfoLog_13_5@PLT
     .size nvJitLinkGetInfoLog, .-nvJitLinkGetInfoLog
     .globl nvJitLinkGetInfoLogSize
     .type nvJitLinkGetInfoLogSize, @function
 nvJitLinkGetInfoLogSize:
-    jmp __chidori_nvjitlink___nvJitLinkGetInfoLogSize_13_1@PLT
+    jmp __chidori_nvjitlink___nvJitLinkGetInfoLogSize_13_5@PLT
     .size nvJitLinkGetInfoLogSize, .-nvJitLinkGetInfoLogSize
     .globl nvJitLinkGetLinkedCubin
     .type nvJitLinkGetLinkedCubin, @function
 nvJitLinkGetLinkedCubin:
-    jmp __chidori_nvjitlink___nvJitLinkGetLinkedCubin_13_1@PLT
+    jmp __chidori_nvjitlink___nvJitLinkGetLinkedCubin_13_5@PLT
     .size nvJitLinkGetLinkedCubin, .-nvJitLinkGetLinkedCubin
     .globl nvJitLinkGetLinkedCubinSize
     .type nvJitLinkGetLinkedCubinSize, @function
 nvJitLinkGetLinkedCubinSize:
-    jmp __chidori_nvjitlink___nvJitLinkGetLinkedCubinSize_13_1@PLT
+    jmp __chidori_nvjitlink___nvJitLinkGetLinkedCubinSize_13_5@PLT
     .size nvJitLinkGetLinkedCubinSize, .-nvJitLinkGetLinkedCubinSize
+    .globl nvJitLinkGetLinkedLTOIR
+    .type nvJitLinkGetLinkedLTOIR, @function
+nvJitLinkGetLinkedLTOIR:
+    leaq .Lname2(%rip), %rdi
+    movq $6, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size nvJitLinkGetLinkedLTOIR, .-nvJitLinkGetLinkedLTOIR
+    .globl nvJitLinkGetLinkedLTOIRSize
+    .type nvJitLinkGetLinkedLTOIRSize, @function
+nvJitLinkGetLinkedLTOIRSize:
+    leaq .Lname3(%rip), %rdi
+    movq $6, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size nvJitLinkGetLinkedLTOIRSize, .-nvJitLinkGetLinkedLTOIRSize
     .globl nvJitLinkGetLinkedPtx
     .type nvJitLinkGetLinkedPtx, @function
 nvJitLinkGetLinkedPtx:
-    jmp __chidori_nvjitlink___nvJitLinkGetLinkedPtx_13_1@PLT
+    jmp __chidori_nvjitlink___nvJitLinkGetLinkedPtx_13_5@PLT
     .size nvJitLinkGetLinkedPtx, .-nvJitLinkGetLinkedPtx
     .globl nvJitLinkGetLinkedPtxSize
     .type nvJitLinkGetLinkedPtxSize, @function
 nvJitLinkGetLinkedPtxSize:
-    jmp __chidori_nvjitlink___nvJitLinkGetLinkedPtxSize_13_1@PLT
+    jmp __chidori_nvjitlink___nvJitLinkGetLinkedPtxSize_13_5@PLT
     .size nvJitLinkGetLinkedPtxSize, .-nvJitLinkGetLinkedPtxSize
     .globl nvJitLinkVersion
     .type nvJitLinkVersion, @function
@@ -202,4 +299,12 @@ nvJitLinkVersion:
     jmp __chidori_nvjitlink_nvJitLinkVersion__cu130@PLT
     .size nvJitLinkVersion, .-nvJitLinkVersion
     .section .rodata
+.Lname0:
+    .asciz "__nvJitLinkGetLinkedLTOIRSize_13_5"
+.Lname1:
+    .asciz "__nvJitLinkGetLinkedLTOIR_13_5"
+.Lname2:
+    .asciz "nvJitLinkGetLinkedLTOIR"
+.Lname3:
+    .asciz "nvJitLinkGetLinkedLTOIRSize"
     .section .note.GNU-stack,"",@progbits

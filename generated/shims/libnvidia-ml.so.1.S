@@ -127,6 +127,14 @@ nvmlDeviceGetAccountingStats:
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size nvmlDeviceGetAccountingStats, .-nvmlDeviceGetAccountingStats
+    .globl nvmlDeviceGetAccountingStats_v2
+    .type nvmlDeviceGetAccountingStats_v2, @function
+nvmlDeviceGetAccountingStats_v2:
+    leaq .Lname12(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size nvmlDeviceGetAccountingStats_v2, .-nvmlDeviceGetAccountingStats_v2
     .globl nvmlDeviceGetActiveVgpus
     .type nvmlDeviceGetActiveVgpus, @function
 nvmlDeviceGetActiveVgpus:
@@ -137,6 +145,14 @@ nvmlDeviceGetActiveVgpus:
 nvmlDeviceGetAdaptiveClockInfoStatus:
     jmp __chidori_nvml_nvmlDeviceGetAdaptiveClockInfoStatus@PLT
     .size nvmlDeviceGetAdaptiveClockInfoStatus, .-nvmlDeviceGetAdaptiveClockInfoStatus
+    .globl nvmlDeviceGetAdaptiveTgpModeInfo_v1
+    .type nvmlDeviceGetAdaptiveTgpModeInfo_v1, @function
+nvmlDeviceGetAdaptiveTgpModeInfo_v1:
+    leaq .Lname13(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size nvmlDeviceGetAdaptiveTgpModeInfo_v1, .-nvmlDeviceGetAdaptiveTgpModeInfo_v1
     .globl nvmlDeviceGetAddressingMode
     .type nvmlDeviceGetAddressingMode, @function
 nvmlDeviceGetAddressingMode:
@@ -172,6 +188,22 @@ nvmlDeviceGetAutoBoostedClocksEnabled:
 nvmlDeviceGetBAR1MemoryInfo:
     jmp __chidori_nvml_nvmlDeviceGetBAR1MemoryInfo@PLT
     .size nvmlDeviceGetBAR1MemoryInfo, .-nvmlDeviceGetBAR1MemoryInfo
+    .globl nvmlDeviceGetBBXTimeData_v1
+    .type nvmlDeviceGetBBXTimeData_v1, @function
+nvmlDeviceGetBBXTimeData_v1:
+    leaq .Lname14(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size nvmlDeviceGetBBXTimeData_v1, .-nvmlDeviceGetBBXTimeData_v1
+    .globl nvmlDeviceGetBankRemapperStatus_v1
+    .type nvmlDeviceGetBankRemapperStatus_v1, @function
+nvmlDeviceGetBankRemapperStatus_v1:
+    leaq .Lname15(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size nvmlDeviceGetBankRemapperStatus_v1, .-nvmlDeviceGetBankRemapperStatus_v1
     .globl nvmlDeviceGetBoardId
     .type nvmlDeviceGetBoardId, @function
 nvmlDeviceGetBoardId:
@@ -472,6 +504,14 @@ nvmlDeviceGetGpuFabricInfo:
 nvmlDeviceGetGpuFabricInfoV:
     jmp __chidori_nvml_nvmlDeviceGetGpuFabricInfoV__cu130@PLT
     .size nvmlDeviceGetGpuFabricInfoV, .-nvmlDeviceGetGpuFabricInfoV
+    .globl nvmlDeviceGetGpuFabricInfo_v4
+    .type nvmlDeviceGetGpuFabricInfo_v4, @function
+nvmlDeviceGetGpuFabricInfo_v4:
+    leaq .Lname16(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size nvmlDeviceGetGpuFabricInfo_v4, .-nvmlDeviceGetGpuFabricInfo_v4
     .globl nvmlDeviceGetGpuInstanceById
     .type nvmlDeviceGetGpuInstanceById, @function
 nvmlDeviceGetGpuInstanceById:
@@ -485,7 +525,7 @@ nvmlDeviceGetGpuInstanceId:
     .globl nvmlDeviceGetGpuInstancePossiblePlacements
     .type nvmlDeviceGetGpuInstancePossiblePlacements, @function
 nvmlDeviceGetGpuInstancePossiblePlacements:
-    leaq .Lname12(%rip), %rdi
+    leaq .Lname17(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -493,7 +533,7 @@ nvmlDeviceGetGpuInstancePossiblePlacements:
     .globl nvmlDeviceGetGpuInstancePossiblePlacements_v2
     .type nvmlDeviceGetGpuInstancePossiblePlacements_v2, @function
 nvmlDeviceGetGpuInstancePossiblePlacements_v2:
-    leaq .Lname13(%rip), %rdi
+    leaq .Lname18(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -521,7 +561,7 @@ nvmlDeviceGetGpuInstanceRemainingCapacity:
     .globl nvmlDeviceGetGpuInstances
     .type nvmlDeviceGetGpuInstances, @function
 nvmlDeviceGetGpuInstances:
-    leaq .Lname14(%rip), %rdi
+    leaq .Lname19(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -536,6 +576,14 @@ nvmlDeviceGetGpuMaxPcieLinkGeneration:
 nvmlDeviceGetGpuOperationMode:
     jmp __chidori_nvml_nvmlDeviceGetGpuOperationMode@PLT
     .size nvmlDeviceGetGpuOperationMode, .-nvmlDeviceGetGpuOperationMode
+    .globl nvmlDeviceGetGpuUptime_v1
+    .type nvmlDeviceGetGpuUptime_v1, @function
+nvmlDeviceGetGpuUptime_v1:
+    leaq .Lname20(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size nvmlDeviceGetGpuUptime_v1, .-nvmlDeviceGetGpuUptime_v1
     .globl nvmlDeviceGetGraphicsRunningProcesses
     .type nvmlDeviceGetGraphicsRunningProcesses, @function
 nvmlDeviceGetGraphicsRunningProcesses:
@@ -741,6 +789,14 @@ nvmlDeviceGetMemoryInfo:
 nvmlDeviceGetMemoryInfo_v2:
     jmp __chidori_nvml_nvmlDeviceGetMemoryInfo_v2@PLT
     .size nvmlDeviceGetMemoryInfo_v2, .-nvmlDeviceGetMemoryInfo_v2
+    .globl nvmlDeviceGetMemoryLimits_v1
+    .type nvmlDeviceGetMemoryLimits_v1, @function
+nvmlDeviceGetMemoryLimits_v1:
+    leaq .Lname21(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size nvmlDeviceGetMemoryLimits_v1, .-nvmlDeviceGetMemoryLimits_v1
     .globl nvmlDeviceGetMigDeviceHandleByIndex
     .type nvmlDeviceGetMigDeviceHandleByIndex, @function
 nvmlDeviceGetMigDeviceHandleByIndex:
@@ -811,6 +867,14 @@ nvmlDeviceGetNvLinkErrorCounter:
 nvmlDeviceGetNvLinkInfo:
     jmp __chidori_nvml_nvmlDeviceGetNvLinkInfo@PLT
     .size nvmlDeviceGetNvLinkInfo, .-nvmlDeviceGetNvLinkInfo
+    .globl nvmlDeviceGetNvLinkInfo_v3
+    .type nvmlDeviceGetNvLinkInfo_v3, @function
+nvmlDeviceGetNvLinkInfo_v3:
+    leaq .Lname22(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size nvmlDeviceGetNvLinkInfo_v3, .-nvmlDeviceGetNvLinkInfo_v3
     .globl nvmlDeviceGetNvLinkRemoteDeviceType
     .type nvmlDeviceGetNvLinkRemoteDeviceType, @function
 nvmlDeviceGetNvLinkRemoteDeviceType:
@@ -831,6 +895,14 @@ nvmlDeviceGetNvLinkRemotePciInfo_v2:
 nvmlDeviceGetNvLinkState:
     jmp __chidori_nvml_nvmlDeviceGetNvLinkState@PLT
     .size nvmlDeviceGetNvLinkState, .-nvmlDeviceGetNvLinkState
+    .globl nvmlDeviceGetNvLinkTelemetrySamples_v1
+    .type nvmlDeviceGetNvLinkTelemetrySamples_v1, @function
+nvmlDeviceGetNvLinkTelemetrySamples_v1:
+    leaq .Lname23(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size nvmlDeviceGetNvLinkTelemetrySamples_v1, .-nvmlDeviceGetNvLinkTelemetrySamples_v1
     .globl nvmlDeviceGetNvLinkUtilizationControl
     .type nvmlDeviceGetNvLinkUtilizationControl, @function
 nvmlDeviceGetNvLinkUtilizationControl:
@@ -851,6 +923,22 @@ nvmlDeviceGetNvLinkVersion:
 nvmlDeviceGetNvlinkBwMode:
     jmp __chidori_nvml_nvmlDeviceGetNvlinkBwMode@PLT
     .size nvmlDeviceGetNvlinkBwMode, .-nvmlDeviceGetNvlinkBwMode
+    .globl nvmlDeviceGetNvlinkNvlePrivateInfo_v1
+    .type nvmlDeviceGetNvlinkNvlePrivateInfo_v1, @function
+nvmlDeviceGetNvlinkNvlePrivateInfo_v1:
+    leaq .Lname24(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size nvmlDeviceGetNvlinkNvlePrivateInfo_v1, .-nvmlDeviceGetNvlinkNvlePrivateInfo_v1
+    .globl nvmlDeviceGetNvlinkRemapTableInfo_v1
+    .type nvmlDeviceGetNvlinkRemapTableInfo_v1, @function
+nvmlDeviceGetNvlinkRemapTableInfo_v1:
+    leaq .Lname25(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size nvmlDeviceGetNvlinkRemapTableInfo_v1, .-nvmlDeviceGetNvlinkRemapTableInfo_v1
     .globl nvmlDeviceGetNvlinkSupportedBwModes
     .type nvmlDeviceGetNvlinkSupportedBwModes, @function
 nvmlDeviceGetNvlinkSupportedBwModes:
@@ -989,7 +1077,7 @@ nvmlDeviceGetProcessUtilization:
     .globl nvmlDeviceGetProcessesUtilizationInfo
     .type nvmlDeviceGetProcessesUtilizationInfo, @function
 nvmlDeviceGetProcessesUtilizationInfo:
-    leaq .Lname15(%rip), %rdi
+    leaq .Lname26(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -999,6 +1087,14 @@ nvmlDeviceGetProcessesUtilizationInfo:
 nvmlDeviceGetRemappedRows:
     jmp __chidori_nvml_nvmlDeviceGetRemappedRows@PLT
     .size nvmlDeviceGetRemappedRows, .-nvmlDeviceGetRemappedRows
+    .globl nvmlDeviceGetRemappedRows_v2
+    .type nvmlDeviceGetRemappedRows_v2, @function
+nvmlDeviceGetRemappedRows_v2:
+    leaq .Lname27(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size nvmlDeviceGetRemappedRows_v2, .-nvmlDeviceGetRemappedRows_v2
     .globl nvmlDeviceGetRepairStatus
     .type nvmlDeviceGetRepairStatus, @function
 nvmlDeviceGetRepairStatus:
@@ -1027,7 +1123,7 @@ nvmlDeviceGetRowRemapperHistogram:
     .globl nvmlDeviceGetRunningProcessDetailList
     .type nvmlDeviceGetRunningProcessDetailList, @function
 nvmlDeviceGetRunningProcessDetailList:
-    leaq .Lname16(%rip), %rdi
+    leaq .Lname28(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1050,7 +1146,7 @@ nvmlDeviceGetSramEccErrorStatus:
     .globl nvmlDeviceGetSramUniqueUncorrectedEccErrorCounts
     .type nvmlDeviceGetSramUniqueUncorrectedEccErrorCounts, @function
 nvmlDeviceGetSramUniqueUncorrectedEccErrorCounts:
-    leaq .Lname17(%rip), %rdi
+    leaq .Lname29(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1128,7 +1224,7 @@ nvmlDeviceGetTopologyCommonAncestor:
     .globl nvmlDeviceGetTopologyNearestGpus
     .type nvmlDeviceGetTopologyNearestGpus, @function
 nvmlDeviceGetTopologyNearestGpus:
-    leaq .Lname18(%rip), %rdi
+    leaq .Lname30(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1176,7 +1272,7 @@ nvmlDeviceGetVgpuHeterogeneousMode:
     .globl nvmlDeviceGetVgpuInstancesUtilizationInfo
     .type nvmlDeviceGetVgpuInstancesUtilizationInfo, @function
 nvmlDeviceGetVgpuInstancesUtilizationInfo:
-    leaq .Lname19(%rip), %rdi
+    leaq .Lname31(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1184,7 +1280,7 @@ nvmlDeviceGetVgpuInstancesUtilizationInfo:
     .globl nvmlDeviceGetVgpuMetadata
     .type nvmlDeviceGetVgpuMetadata, @function
 nvmlDeviceGetVgpuMetadata:
-    leaq .Lname20(%rip), %rdi
+    leaq .Lname32(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1192,7 +1288,7 @@ nvmlDeviceGetVgpuMetadata:
     .globl nvmlDeviceGetVgpuProcessUtilization
     .type nvmlDeviceGetVgpuProcessUtilization, @function
 nvmlDeviceGetVgpuProcessUtilization:
-    leaq .Lname21(%rip), %rdi
+    leaq .Lname33(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1200,7 +1296,7 @@ nvmlDeviceGetVgpuProcessUtilization:
     .globl nvmlDeviceGetVgpuProcessesUtilizationInfo
     .type nvmlDeviceGetVgpuProcessesUtilizationInfo, @function
 nvmlDeviceGetVgpuProcessesUtilizationInfo:
-    leaq .Lname22(%rip), %rdi
+    leaq .Lname34(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1215,15 +1311,31 @@ nvmlDeviceGetVgpuSchedulerCapabilities:
 nvmlDeviceGetVgpuSchedulerLog:
     jmp __chidori_nvml_nvmlDeviceGetVgpuSchedulerLog@PLT
     .size nvmlDeviceGetVgpuSchedulerLog, .-nvmlDeviceGetVgpuSchedulerLog
+    .globl nvmlDeviceGetVgpuSchedulerLog_v2
+    .type nvmlDeviceGetVgpuSchedulerLog_v2, @function
+nvmlDeviceGetVgpuSchedulerLog_v2:
+    leaq .Lname35(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size nvmlDeviceGetVgpuSchedulerLog_v2, .-nvmlDeviceGetVgpuSchedulerLog_v2
     .globl nvmlDeviceGetVgpuSchedulerState
     .type nvmlDeviceGetVgpuSchedulerState, @function
 nvmlDeviceGetVgpuSchedulerState:
     jmp __chidori_nvml_nvmlDeviceGetVgpuSchedulerState@PLT
     .size nvmlDeviceGetVgpuSchedulerState, .-nvmlDeviceGetVgpuSchedulerState
+    .globl nvmlDeviceGetVgpuSchedulerState_v2
+    .type nvmlDeviceGetVgpuSchedulerState_v2, @function
+nvmlDeviceGetVgpuSchedulerState_v2:
+    leaq .Lname36(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size nvmlDeviceGetVgpuSchedulerState_v2, .-nvmlDeviceGetVgpuSchedulerState_v2
     .globl nvmlDeviceGetVgpuTypeCreatablePlacements
     .type nvmlDeviceGetVgpuTypeCreatablePlacements, @function
 nvmlDeviceGetVgpuTypeCreatablePlacements:
-    leaq .Lname23(%rip), %rdi
+    leaq .Lname37(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1231,7 +1343,7 @@ nvmlDeviceGetVgpuTypeCreatablePlacements:
     .globl nvmlDeviceGetVgpuTypeSupportedPlacements
     .type nvmlDeviceGetVgpuTypeSupportedPlacements, @function
 nvmlDeviceGetVgpuTypeSupportedPlacements:
-    leaq .Lname24(%rip), %rdi
+    leaq .Lname38(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1256,10 +1368,18 @@ nvmlDeviceGetVirtualizationMode:
 nvmlDeviceIsMigDeviceHandle:
     jmp __chidori_nvml_nvmlDeviceIsMigDeviceHandle@PLT
     .size nvmlDeviceIsMigDeviceHandle, .-nvmlDeviceIsMigDeviceHandle
+    .globl nvmlDeviceLockNvlinkRemapTable_v1
+    .type nvmlDeviceLockNvlinkRemapTable_v1, @function
+nvmlDeviceLockNvlinkRemapTable_v1:
+    leaq .Lname39(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size nvmlDeviceLockNvlinkRemapTable_v1, .-nvmlDeviceLockNvlinkRemapTable_v1
     .globl nvmlDeviceModifyDrainState
     .type nvmlDeviceModifyDrainState, @function
 nvmlDeviceModifyDrainState:
-    leaq .Lname25(%rip), %rdi
+    leaq .Lname40(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1269,10 +1389,18 @@ nvmlDeviceModifyDrainState:
 nvmlDeviceOnSameBoard:
     jmp __chidori_nvml_nvmlDeviceOnSameBoard@PLT
     .size nvmlDeviceOnSameBoard, .-nvmlDeviceOnSameBoard
+    .globl nvmlDevicePerfMetricsGetSamples_v1
+    .type nvmlDevicePerfMetricsGetSamples_v1, @function
+nvmlDevicePerfMetricsGetSamples_v1:
+    leaq .Lname41(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size nvmlDevicePerfMetricsGetSamples_v1, .-nvmlDevicePerfMetricsGetSamples_v1
     .globl nvmlDevicePowerSmoothingActivatePresetProfile
     .type nvmlDevicePowerSmoothingActivatePresetProfile, @function
 nvmlDevicePowerSmoothingActivatePresetProfile:
-    leaq .Lname26(%rip), %rdi
+    leaq .Lname42(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1280,7 +1408,7 @@ nvmlDevicePowerSmoothingActivatePresetProfile:
     .globl nvmlDevicePowerSmoothingSetState
     .type nvmlDevicePowerSmoothingSetState, @function
 nvmlDevicePowerSmoothingSetState:
-    leaq .Lname27(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1288,7 +1416,7 @@ nvmlDevicePowerSmoothingSetState:
     .globl nvmlDevicePowerSmoothingUpdatePresetProfileParam
     .type nvmlDevicePowerSmoothingUpdatePresetProfileParam, @function
 nvmlDevicePowerSmoothingUpdatePresetProfileParam:
-    leaq .Lname28(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1301,7 +1429,7 @@ nvmlDeviceQueryDrainState:
     .globl nvmlDeviceReadPRMCounters_v1
     .type nvmlDeviceReadPRMCounters_v1, @function
 nvmlDeviceReadPRMCounters_v1:
-    leaq .Lname29(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1309,7 +1437,7 @@ nvmlDeviceReadPRMCounters_v1:
     .globl nvmlDeviceReadWritePRM_v1
     .type nvmlDeviceReadWritePRM_v1, @function
 nvmlDeviceReadWritePRM_v1:
-    leaq .Lname30(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1317,7 +1445,7 @@ nvmlDeviceReadWritePRM_v1:
     .globl nvmlDeviceRegisterEvents
     .type nvmlDeviceRegisterEvents, @function
 nvmlDeviceRegisterEvents:
-    leaq .Lname31(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1325,7 +1453,7 @@ nvmlDeviceRegisterEvents:
     .globl nvmlDeviceRemoveGpu
     .type nvmlDeviceRemoveGpu, @function
 nvmlDeviceRemoveGpu:
-    leaq .Lname32(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1333,7 +1461,7 @@ nvmlDeviceRemoveGpu:
     .globl nvmlDeviceRemoveGpu_v2
     .type nvmlDeviceRemoveGpu_v2, @function
 nvmlDeviceRemoveGpu_v2:
-    leaq .Lname33(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1341,7 +1469,7 @@ nvmlDeviceRemoveGpu_v2:
     .globl nvmlDeviceResetApplicationsClocks
     .type nvmlDeviceResetApplicationsClocks, @function
 nvmlDeviceResetApplicationsClocks:
-    leaq .Lname34(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1349,7 +1477,7 @@ nvmlDeviceResetApplicationsClocks:
     .globl nvmlDeviceResetGpuLockedClocks
     .type nvmlDeviceResetGpuLockedClocks, @function
 nvmlDeviceResetGpuLockedClocks:
-    leaq .Lname35(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1357,7 +1485,7 @@ nvmlDeviceResetGpuLockedClocks:
     .globl nvmlDeviceResetMemoryLockedClocks
     .type nvmlDeviceResetMemoryLockedClocks, @function
 nvmlDeviceResetMemoryLockedClocks:
-    leaq .Lname36(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1365,7 +1493,7 @@ nvmlDeviceResetMemoryLockedClocks:
     .globl nvmlDeviceResetNvLinkErrorCounters
     .type nvmlDeviceResetNvLinkErrorCounters, @function
 nvmlDeviceResetNvLinkErrorCounters:
-    leaq .Lname37(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1373,7 +1501,7 @@ nvmlDeviceResetNvLinkErrorCounters:
     .globl nvmlDeviceResetNvLinkUtilizationCounter
     .type nvmlDeviceResetNvLinkUtilizationCounter, @function
 nvmlDeviceResetNvLinkUtilizationCounter:
-    leaq .Lname38(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1381,7 +1509,7 @@ nvmlDeviceResetNvLinkUtilizationCounter:
     .globl nvmlDeviceSetAPIRestriction
     .type nvmlDeviceSetAPIRestriction, @function
 nvmlDeviceSetAPIRestriction:
-    leaq .Lname39(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1389,15 +1517,20 @@ nvmlDeviceSetAPIRestriction:
     .globl nvmlDeviceSetAccountingMode
     .type nvmlDeviceSetAccountingMode, @function
 nvmlDeviceSetAccountingMode:
-    leaq .Lname40(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size nvmlDeviceSetAccountingMode, .-nvmlDeviceSetAccountingMode
+    .globl nvmlDeviceSetAdaptiveTgpMode_v1
+    .type nvmlDeviceSetAdaptiveTgpMode_v1, @function
+nvmlDeviceSetAdaptiveTgpMode_v1:
+    jmp __chidori_nvml_nvmlDeviceSetAdaptiveTgpMode_v1@PLT
+    .size nvmlDeviceSetAdaptiveTgpMode_v1, .-nvmlDeviceSetAdaptiveTgpMode_v1
     .globl nvmlDeviceSetApplicationsClocks
     .type nvmlDeviceSetApplicationsClocks, @function
 nvmlDeviceSetApplicationsClocks:
-    leaq .Lname41(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1405,7 +1538,7 @@ nvmlDeviceSetApplicationsClocks:
     .globl nvmlDeviceSetAutoBoostedClocksEnabled
     .type nvmlDeviceSetAutoBoostedClocksEnabled, @function
 nvmlDeviceSetAutoBoostedClocksEnabled:
-    leaq .Lname42(%rip), %rdi
+    leaq .Lname58(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1413,7 +1546,7 @@ nvmlDeviceSetAutoBoostedClocksEnabled:
     .globl nvmlDeviceSetClockOffsets
     .type nvmlDeviceSetClockOffsets, @function
 nvmlDeviceSetClockOffsets:
-    leaq .Lname43(%rip), %rdi
+    leaq .Lname59(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1421,7 +1554,7 @@ nvmlDeviceSetClockOffsets:
     .globl nvmlDeviceSetComputeMode
     .type nvmlDeviceSetComputeMode, @function
 nvmlDeviceSetComputeMode:
-    leaq .Lname44(%rip), %rdi
+    leaq .Lname60(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1429,7 +1562,7 @@ nvmlDeviceSetComputeMode:
     .globl nvmlDeviceSetConfComputeUnprotectedMemSize
     .type nvmlDeviceSetConfComputeUnprotectedMemSize, @function
 nvmlDeviceSetConfComputeUnprotectedMemSize:
-    leaq .Lname45(%rip), %rdi
+    leaq .Lname61(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1437,7 +1570,7 @@ nvmlDeviceSetConfComputeUnprotectedMemSize:
     .globl nvmlDeviceSetCpuAffinity
     .type nvmlDeviceSetCpuAffinity, @function
 nvmlDeviceSetCpuAffinity:
-    leaq .Lname46(%rip), %rdi
+    leaq .Lname62(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1445,7 +1578,7 @@ nvmlDeviceSetCpuAffinity:
     .globl nvmlDeviceSetDefaultAutoBoostedClocksEnabled
     .type nvmlDeviceSetDefaultAutoBoostedClocksEnabled, @function
 nvmlDeviceSetDefaultAutoBoostedClocksEnabled:
-    leaq .Lname47(%rip), %rdi
+    leaq .Lname63(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1453,7 +1586,7 @@ nvmlDeviceSetDefaultAutoBoostedClocksEnabled:
     .globl nvmlDeviceSetDefaultFanSpeed_v2
     .type nvmlDeviceSetDefaultFanSpeed_v2, @function
 nvmlDeviceSetDefaultFanSpeed_v2:
-    leaq .Lname48(%rip), %rdi
+    leaq .Lname64(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1461,7 +1594,7 @@ nvmlDeviceSetDefaultFanSpeed_v2:
     .globl nvmlDeviceSetDramEncryptionMode
     .type nvmlDeviceSetDramEncryptionMode, @function
 nvmlDeviceSetDramEncryptionMode:
-    leaq .Lname49(%rip), %rdi
+    leaq .Lname65(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1469,7 +1602,7 @@ nvmlDeviceSetDramEncryptionMode:
     .globl nvmlDeviceSetDriverModel
     .type nvmlDeviceSetDriverModel, @function
 nvmlDeviceSetDriverModel:
-    leaq .Lname50(%rip), %rdi
+    leaq .Lname66(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1477,7 +1610,7 @@ nvmlDeviceSetDriverModel:
     .globl nvmlDeviceSetEccMode
     .type nvmlDeviceSetEccMode, @function
 nvmlDeviceSetEccMode:
-    leaq .Lname51(%rip), %rdi
+    leaq .Lname67(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1485,7 +1618,7 @@ nvmlDeviceSetEccMode:
     .globl nvmlDeviceSetFanControlPolicy
     .type nvmlDeviceSetFanControlPolicy, @function
 nvmlDeviceSetFanControlPolicy:
-    leaq .Lname52(%rip), %rdi
+    leaq .Lname68(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1493,7 +1626,7 @@ nvmlDeviceSetFanControlPolicy:
     .globl nvmlDeviceSetFanSpeed_v2
     .type nvmlDeviceSetFanSpeed_v2, @function
 nvmlDeviceSetFanSpeed_v2:
-    leaq .Lname53(%rip), %rdi
+    leaq .Lname69(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1501,7 +1634,7 @@ nvmlDeviceSetFanSpeed_v2:
     .globl nvmlDeviceSetGpcClkVfOffset
     .type nvmlDeviceSetGpcClkVfOffset, @function
 nvmlDeviceSetGpcClkVfOffset:
-    leaq .Lname54(%rip), %rdi
+    leaq .Lname70(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1509,7 +1642,7 @@ nvmlDeviceSetGpcClkVfOffset:
     .globl nvmlDeviceSetGpuLockedClocks
     .type nvmlDeviceSetGpuLockedClocks, @function
 nvmlDeviceSetGpuLockedClocks:
-    leaq .Lname55(%rip), %rdi
+    leaq .Lname71(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1517,7 +1650,7 @@ nvmlDeviceSetGpuLockedClocks:
     .globl nvmlDeviceSetGpuOperationMode
     .type nvmlDeviceSetGpuOperationMode, @function
 nvmlDeviceSetGpuOperationMode:
-    leaq .Lname56(%rip), %rdi
+    leaq .Lname72(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1525,7 +1658,7 @@ nvmlDeviceSetGpuOperationMode:
     .globl nvmlDeviceSetHostname_v1
     .type nvmlDeviceSetHostname_v1, @function
 nvmlDeviceSetHostname_v1:
-    leaq .Lname57(%rip), %rdi
+    leaq .Lname73(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1533,15 +1666,23 @@ nvmlDeviceSetHostname_v1:
     .globl nvmlDeviceSetMemClkVfOffset
     .type nvmlDeviceSetMemClkVfOffset, @function
 nvmlDeviceSetMemClkVfOffset:
-    leaq .Lname58(%rip), %rdi
+    leaq .Lname74(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size nvmlDeviceSetMemClkVfOffset, .-nvmlDeviceSetMemClkVfOffset
+    .globl nvmlDeviceSetMemoryLimits_v1
+    .type nvmlDeviceSetMemoryLimits_v1, @function
+nvmlDeviceSetMemoryLimits_v1:
+    leaq .Lname75(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size nvmlDeviceSetMemoryLimits_v1, .-nvmlDeviceSetMemoryLimits_v1
     .globl nvmlDeviceSetMemoryLockedClocks
     .type nvmlDeviceSetMemoryLockedClocks, @function
 nvmlDeviceSetMemoryLockedClocks:
-    leaq .Lname59(%rip), %rdi
+    leaq .Lname76(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1549,7 +1690,7 @@ nvmlDeviceSetMemoryLockedClocks:
     .globl nvmlDeviceSetMigMode
     .type nvmlDeviceSetMigMode, @function
 nvmlDeviceSetMigMode:
-    leaq .Lname60(%rip), %rdi
+    leaq .Lname77(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1557,7 +1698,7 @@ nvmlDeviceSetMigMode:
     .globl nvmlDeviceSetNvLinkDeviceLowPowerThreshold
     .type nvmlDeviceSetNvLinkDeviceLowPowerThreshold, @function
 nvmlDeviceSetNvLinkDeviceLowPowerThreshold:
-    leaq .Lname61(%rip), %rdi
+    leaq .Lname78(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1565,7 +1706,7 @@ nvmlDeviceSetNvLinkDeviceLowPowerThreshold:
     .globl nvmlDeviceSetNvLinkUtilizationControl
     .type nvmlDeviceSetNvLinkUtilizationControl, @function
 nvmlDeviceSetNvLinkUtilizationControl:
-    leaq .Lname62(%rip), %rdi
+    leaq .Lname79(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1573,15 +1714,31 @@ nvmlDeviceSetNvLinkUtilizationControl:
     .globl nvmlDeviceSetNvlinkBwMode
     .type nvmlDeviceSetNvlinkBwMode, @function
 nvmlDeviceSetNvlinkBwMode:
-    leaq .Lname63(%rip), %rdi
+    leaq .Lname80(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size nvmlDeviceSetNvlinkBwMode, .-nvmlDeviceSetNvlinkBwMode
+    .globl nvmlDeviceSetNvlinkBwModeAsync_v1
+    .type nvmlDeviceSetNvlinkBwModeAsync_v1, @function
+nvmlDeviceSetNvlinkBwModeAsync_v1:
+    leaq .Lname81(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size nvmlDeviceSetNvlinkBwModeAsync_v1, .-nvmlDeviceSetNvlinkBwModeAsync_v1
+    .globl nvmlDeviceSetNvlinkNvleReady_v1
+    .type nvmlDeviceSetNvlinkNvleReady_v1, @function
+nvmlDeviceSetNvlinkNvleReady_v1:
+    leaq .Lname82(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size nvmlDeviceSetNvlinkNvleReady_v1, .-nvmlDeviceSetNvlinkNvleReady_v1
     .globl nvmlDeviceSetPersistenceMode
     .type nvmlDeviceSetPersistenceMode, @function
 nvmlDeviceSetPersistenceMode:
-    leaq .Lname64(%rip), %rdi
+    leaq .Lname83(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1589,7 +1746,7 @@ nvmlDeviceSetPersistenceMode:
     .globl nvmlDeviceSetPowerManagementLimit
     .type nvmlDeviceSetPowerManagementLimit, @function
 nvmlDeviceSetPowerManagementLimit:
-    leaq .Lname65(%rip), %rdi
+    leaq .Lname84(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1597,7 +1754,7 @@ nvmlDeviceSetPowerManagementLimit:
     .globl nvmlDeviceSetPowerManagementLimit_v2
     .type nvmlDeviceSetPowerManagementLimit_v2, @function
 nvmlDeviceSetPowerManagementLimit_v2:
-    leaq .Lname66(%rip), %rdi
+    leaq .Lname85(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1605,7 +1762,7 @@ nvmlDeviceSetPowerManagementLimit_v2:
     .globl nvmlDeviceSetPowerMizerMode_v1
     .type nvmlDeviceSetPowerMizerMode_v1, @function
 nvmlDeviceSetPowerMizerMode_v1:
-    leaq .Lname67(%rip), %rdi
+    leaq .Lname86(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1613,7 +1770,7 @@ nvmlDeviceSetPowerMizerMode_v1:
     .globl nvmlDeviceSetPowerMode
     .type nvmlDeviceSetPowerMode, @function
 nvmlDeviceSetPowerMode:
-    leaq .Lname68(%rip), %rdi
+    leaq .Lname87(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1621,7 +1778,7 @@ nvmlDeviceSetPowerMode:
     .globl nvmlDeviceSetRusdSettings_v1
     .type nvmlDeviceSetRusdSettings_v1, @function
 nvmlDeviceSetRusdSettings_v1:
-    leaq .Lname69(%rip), %rdi
+    leaq .Lname88(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1629,7 +1786,7 @@ nvmlDeviceSetRusdSettings_v1:
     .globl nvmlDeviceSetTemperatureThreshold
     .type nvmlDeviceSetTemperatureThreshold, @function
 nvmlDeviceSetTemperatureThreshold:
-    leaq .Lname70(%rip), %rdi
+    leaq .Lname89(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1637,7 +1794,7 @@ nvmlDeviceSetTemperatureThreshold:
     .globl nvmlDeviceSetVgpuCapabilities
     .type nvmlDeviceSetVgpuCapabilities, @function
 nvmlDeviceSetVgpuCapabilities:
-    leaq .Lname71(%rip), %rdi
+    leaq .Lname90(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1645,7 +1802,7 @@ nvmlDeviceSetVgpuCapabilities:
     .globl nvmlDeviceSetVgpuHeterogeneousMode
     .type nvmlDeviceSetVgpuHeterogeneousMode, @function
 nvmlDeviceSetVgpuHeterogeneousMode:
-    leaq .Lname72(%rip), %rdi
+    leaq .Lname91(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1653,28 +1810,49 @@ nvmlDeviceSetVgpuHeterogeneousMode:
     .globl nvmlDeviceSetVgpuSchedulerState
     .type nvmlDeviceSetVgpuSchedulerState, @function
 nvmlDeviceSetVgpuSchedulerState:
-    leaq .Lname73(%rip), %rdi
+    leaq .Lname92(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size nvmlDeviceSetVgpuSchedulerState, .-nvmlDeviceSetVgpuSchedulerState
+    .globl nvmlDeviceSetVgpuSchedulerState_v2
+    .type nvmlDeviceSetVgpuSchedulerState_v2, @function
+nvmlDeviceSetVgpuSchedulerState_v2:
+    leaq .Lname93(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size nvmlDeviceSetVgpuSchedulerState_v2, .-nvmlDeviceSetVgpuSchedulerState_v2
     .globl nvmlDeviceSetVirtualizationMode
     .type nvmlDeviceSetVirtualizationMode, @function
 nvmlDeviceSetVirtualizationMode:
-    leaq .Lname74(%rip), %rdi
+    leaq .Lname94(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size nvmlDeviceSetVirtualizationMode, .-nvmlDeviceSetVirtualizationMode
+    .globl nvmlDeviceSetupNvlinkNvleEncryptionKey_v1
+    .type nvmlDeviceSetupNvlinkNvleEncryptionKey_v1, @function
+nvmlDeviceSetupNvlinkNvleEncryptionKey_v1:
+    leaq .Lname95(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size nvmlDeviceSetupNvlinkNvleEncryptionKey_v1, .-nvmlDeviceSetupNvlinkNvleEncryptionKey_v1
     .globl nvmlDeviceValidateInforom
     .type nvmlDeviceValidateInforom, @function
 nvmlDeviceValidateInforom:
     jmp __chidori_nvml_nvmlDeviceValidateInforom@PLT
     .size nvmlDeviceValidateInforom, .-nvmlDeviceValidateInforom
+    .globl nvmlDeviceVgpuForceGspUnload
+    .type nvmlDeviceVgpuForceGspUnload, @function
+nvmlDeviceVgpuForceGspUnload:
+    jmp __chidori_nvml_nvmlDeviceVgpuForceGspUnload@PLT
+    .size nvmlDeviceVgpuForceGspUnload, .-nvmlDeviceVgpuForceGspUnload
     .globl nvmlDeviceWorkloadPowerProfileClearRequestedProfiles
     .type nvmlDeviceWorkloadPowerProfileClearRequestedProfiles, @function
 nvmlDeviceWorkloadPowerProfileClearRequestedProfiles:
-    leaq .Lname75(%rip), %rdi
+    leaq .Lname96(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1692,7 +1870,7 @@ nvmlDeviceWorkloadPowerProfileGetProfilesInfo:
     .globl nvmlDeviceWorkloadPowerProfileSetRequestedProfiles
     .type nvmlDeviceWorkloadPowerProfileSetRequestedProfiles, @function
 nvmlDeviceWorkloadPowerProfileSetRequestedProfiles:
-    leaq .Lname76(%rip), %rdi
+    leaq .Lname97(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1700,7 +1878,7 @@ nvmlDeviceWorkloadPowerProfileSetRequestedProfiles:
     .globl nvmlDeviceWorkloadPowerProfileUpdateProfiles_v1
     .type nvmlDeviceWorkloadPowerProfileUpdateProfiles_v1, @function
 nvmlDeviceWorkloadPowerProfileUpdateProfiles_v1:
-    leaq .Lname77(%rip), %rdi
+    leaq .Lname98(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1713,7 +1891,7 @@ nvmlErrorString:
     .globl nvmlEventSetCreate
     .type nvmlEventSetCreate, @function
 nvmlEventSetCreate:
-    leaq .Lname78(%rip), %rdi
+    leaq .Lname99(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1721,15 +1899,52 @@ nvmlEventSetCreate:
     .globl nvmlEventSetFree
     .type nvmlEventSetFree, @function
 nvmlEventSetFree:
-    leaq .Lname79(%rip), %rdi
+    leaq .Lname100(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size nvmlEventSetFree, .-nvmlEventSetFree
+    .globl nvmlEventSetGetContextCount_v1
+    .type nvmlEventSetGetContextCount_v1, @function
+nvmlEventSetGetContextCount_v1:
+    leaq .Lname101(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size nvmlEventSetGetContextCount_v1, .-nvmlEventSetGetContextCount_v1
+    .globl nvmlEventSetGetContextData_v1
+    .type nvmlEventSetGetContextData_v1, @function
+nvmlEventSetGetContextData_v1:
+    leaq .Lname102(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size nvmlEventSetGetContextData_v1, .-nvmlEventSetGetContextData_v1
+    .globl nvmlEventSetGetContextInfo_v1
+    .type nvmlEventSetGetContextInfo_v1, @function
+nvmlEventSetGetContextInfo_v1:
+    leaq .Lname103(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size nvmlEventSetGetContextInfo_v1, .-nvmlEventSetGetContextInfo_v1
+    .globl nvmlEventSetGetGpuOperationalEventContextLegacyXid_v1
+    .type nvmlEventSetGetGpuOperationalEventContextLegacyXid_v1, @function
+nvmlEventSetGetGpuOperationalEventContextLegacyXid_v1:
+    leaq .Lname104(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size nvmlEventSetGetGpuOperationalEventContextLegacyXid_v1, .-nvmlEventSetGetGpuOperationalEventContextLegacyXid_v1
+    .globl nvmlEventSetRegisterGpuOperationalEvents_v1
+    .type nvmlEventSetRegisterGpuOperationalEvents_v1, @function
+nvmlEventSetRegisterGpuOperationalEvents_v1:
+    jmp __chidori_nvml_nvmlEventSetRegisterGpuOperationalEvents_v1@PLT
+    .size nvmlEventSetRegisterGpuOperationalEvents_v1, .-nvmlEventSetRegisterGpuOperationalEvents_v1
     .globl nvmlEventSetWait
     .type nvmlEventSetWait, @function
 nvmlEventSetWait:
-    leaq .Lname80(%rip), %rdi
+    leaq .Lname105(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1737,11 +1952,19 @@ nvmlEventSetWait:
     .globl nvmlEventSetWait_v2
     .type nvmlEventSetWait_v2, @function
 nvmlEventSetWait_v2:
-    leaq .Lname81(%rip), %rdi
+    leaq .Lname106(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size nvmlEventSetWait_v2, .-nvmlEventSetWait_v2
+    .globl nvmlEventSetWait_v3
+    .type nvmlEventSetWait_v3, @function
+nvmlEventSetWait_v3:
+    leaq .Lname107(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size nvmlEventSetWait_v3, .-nvmlEventSetWait_v3
     .globl nvmlGetExcludedDeviceCount
     .type nvmlGetExcludedDeviceCount, @function
 nvmlGetExcludedDeviceCount:
@@ -1755,7 +1978,7 @@ nvmlGetExcludedDeviceInfoByIndex:
     .globl nvmlGetVgpuCompatibility
     .type nvmlGetVgpuCompatibility, @function
 nvmlGetVgpuCompatibility:
-    leaq .Lname82(%rip), %rdi
+    leaq .Lname108(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1773,7 +1996,7 @@ nvmlGetVgpuVersion:
     .globl nvmlGpmMetricsGet
     .type nvmlGpmMetricsGet, @function
 nvmlGpmMetricsGet:
-    leaq .Lname83(%rip), %rdi
+    leaq .Lname109(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1811,7 +2034,7 @@ nvmlGpmSampleGet:
     .globl nvmlGpmSetStreamingEnabled
     .type nvmlGpmSetStreamingEnabled, @function
 nvmlGpmSetStreamingEnabled:
-    leaq .Lname84(%rip), %rdi
+    leaq .Lname110(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1819,7 +2042,7 @@ nvmlGpmSetStreamingEnabled:
     .globl nvmlGpuInstanceCreateComputeInstance
     .type nvmlGpuInstanceCreateComputeInstance, @function
 nvmlGpuInstanceCreateComputeInstance:
-    leaq .Lname85(%rip), %rdi
+    leaq .Lname111(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1827,7 +2050,7 @@ nvmlGpuInstanceCreateComputeInstance:
     .globl nvmlGpuInstanceCreateComputeInstanceWithPlacement
     .type nvmlGpuInstanceCreateComputeInstanceWithPlacement, @function
 nvmlGpuInstanceCreateComputeInstanceWithPlacement:
-    leaq .Lname86(%rip), %rdi
+    leaq .Lname112(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1835,7 +2058,7 @@ nvmlGpuInstanceCreateComputeInstanceWithPlacement:
     .globl nvmlGpuInstanceDestroy
     .type nvmlGpuInstanceDestroy, @function
 nvmlGpuInstanceDestroy:
-    leaq .Lname87(%rip), %rdi
+    leaq .Lname113(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1843,7 +2066,7 @@ nvmlGpuInstanceDestroy:
     .globl nvmlGpuInstanceGetActiveVgpus
     .type nvmlGpuInstanceGetActiveVgpus, @function
 nvmlGpuInstanceGetActiveVgpus:
-    leaq .Lname88(%rip), %rdi
+    leaq .Lname114(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1856,7 +2079,7 @@ nvmlGpuInstanceGetComputeInstanceById:
     .globl nvmlGpuInstanceGetComputeInstancePossiblePlacements
     .type nvmlGpuInstanceGetComputeInstancePossiblePlacements, @function
 nvmlGpuInstanceGetComputeInstancePossiblePlacements:
-    leaq .Lname89(%rip), %rdi
+    leaq .Lname115(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1869,7 +2092,7 @@ nvmlGpuInstanceGetComputeInstanceProfileInfo:
     .globl nvmlGpuInstanceGetComputeInstanceProfileInfoV
     .type nvmlGpuInstanceGetComputeInstanceProfileInfoV, @function
 nvmlGpuInstanceGetComputeInstanceProfileInfoV:
-    leaq .Lname90(%rip), %rdi
+    leaq .Lname116(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1882,7 +2105,7 @@ nvmlGpuInstanceGetComputeInstanceRemainingCapacity:
     .globl nvmlGpuInstanceGetComputeInstances
     .type nvmlGpuInstanceGetComputeInstances, @function
 nvmlGpuInstanceGetComputeInstances:
-    leaq .Lname91(%rip), %rdi
+    leaq .Lname117(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1890,7 +2113,7 @@ nvmlGpuInstanceGetComputeInstances:
     .globl nvmlGpuInstanceGetCreatableVgpus
     .type nvmlGpuInstanceGetCreatableVgpus, @function
 nvmlGpuInstanceGetCreatableVgpus:
-    leaq .Lname92(%rip), %rdi
+    leaq .Lname118(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1910,15 +2133,31 @@ nvmlGpuInstanceGetVgpuHeterogeneousMode:
 nvmlGpuInstanceGetVgpuSchedulerLog:
     jmp __chidori_nvml_nvmlGpuInstanceGetVgpuSchedulerLog@PLT
     .size nvmlGpuInstanceGetVgpuSchedulerLog, .-nvmlGpuInstanceGetVgpuSchedulerLog
+    .globl nvmlGpuInstanceGetVgpuSchedulerLog_v2
+    .type nvmlGpuInstanceGetVgpuSchedulerLog_v2, @function
+nvmlGpuInstanceGetVgpuSchedulerLog_v2:
+    leaq .Lname119(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size nvmlGpuInstanceGetVgpuSchedulerLog_v2, .-nvmlGpuInstanceGetVgpuSchedulerLog_v2
     .globl nvmlGpuInstanceGetVgpuSchedulerState
     .type nvmlGpuInstanceGetVgpuSchedulerState, @function
 nvmlGpuInstanceGetVgpuSchedulerState:
     jmp __chidori_nvml_nvmlGpuInstanceGetVgpuSchedulerState@PLT
     .size nvmlGpuInstanceGetVgpuSchedulerState, .-nvmlGpuInstanceGetVgpuSchedulerState
+    .globl nvmlGpuInstanceGetVgpuSchedulerState_v2
+    .type nvmlGpuInstanceGetVgpuSchedulerState_v2, @function
+nvmlGpuInstanceGetVgpuSchedulerState_v2:
+    leaq .Lname120(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size nvmlGpuInstanceGetVgpuSchedulerState_v2, .-nvmlGpuInstanceGetVgpuSchedulerState_v2
     .globl nvmlGpuInstanceGetVgpuTypeCreatablePlacements
     .type nvmlGpuInstanceGetVgpuTypeCreatablePlacements, @function
 nvmlGpuInstanceGetVgpuTypeCreatablePlacements:
-    leaq .Lname93(%rip), %rdi
+    leaq .Lname121(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1926,7 +2165,7 @@ nvmlGpuInstanceGetVgpuTypeCreatablePlacements:
     .globl nvmlGpuInstanceSetVgpuHeterogeneousMode
     .type nvmlGpuInstanceSetVgpuHeterogeneousMode, @function
 nvmlGpuInstanceSetVgpuHeterogeneousMode:
-    leaq .Lname94(%rip), %rdi
+    leaq .Lname122(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1934,11 +2173,19 @@ nvmlGpuInstanceSetVgpuHeterogeneousMode:
     .globl nvmlGpuInstanceSetVgpuSchedulerState
     .type nvmlGpuInstanceSetVgpuSchedulerState, @function
 nvmlGpuInstanceSetVgpuSchedulerState:
-    leaq .Lname95(%rip), %rdi
+    leaq .Lname123(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size nvmlGpuInstanceSetVgpuSchedulerState, .-nvmlGpuInstanceSetVgpuSchedulerState
+    .globl nvmlGpuInstanceSetVgpuSchedulerState_v2
+    .type nvmlGpuInstanceSetVgpuSchedulerState_v2, @function
+nvmlGpuInstanceSetVgpuSchedulerState_v2:
+    leaq .Lname124(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size nvmlGpuInstanceSetVgpuSchedulerState_v2, .-nvmlGpuInstanceSetVgpuSchedulerState_v2
     .globl nvmlInit
     .type nvmlInit, @function
 nvmlInit:
@@ -1962,7 +2209,7 @@ nvmlInternalGetExportTable:
     .globl nvmlSetVgpuVersion
     .type nvmlSetVgpuVersion, @function
 nvmlSetVgpuVersion:
-    leaq .Lname96(%rip), %rdi
+    leaq .Lname125(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1975,7 +2222,7 @@ nvmlShutdown:
     .globl nvmlSystemEventSetCreate
     .type nvmlSystemEventSetCreate, @function
 nvmlSystemEventSetCreate:
-    leaq .Lname97(%rip), %rdi
+    leaq .Lname126(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1983,7 +2230,7 @@ nvmlSystemEventSetCreate:
     .globl nvmlSystemEventSetFree
     .type nvmlSystemEventSetFree, @function
 nvmlSystemEventSetFree:
-    leaq .Lname98(%rip), %rdi
+    leaq .Lname127(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1991,11 +2238,19 @@ nvmlSystemEventSetFree:
     .globl nvmlSystemEventSetWait
     .type nvmlSystemEventSetWait, @function
 nvmlSystemEventSetWait:
-    leaq .Lname99(%rip), %rdi
+    leaq .Lname128(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size nvmlSystemEventSetWait, .-nvmlSystemEventSetWait
+    .globl nvmlSystemGetCPER_v1
+    .type nvmlSystemGetCPER_v1, @function
+nvmlSystemGetCPER_v1:
+    leaq .Lname129(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size nvmlSystemGetCPER_v1, .-nvmlSystemGetCPER_v1
     .globl nvmlSystemGetConfComputeCapabilities
     .type nvmlSystemGetConfComputeCapabilities, @function
 nvmlSystemGetConfComputeCapabilities:
@@ -2016,6 +2271,14 @@ nvmlSystemGetConfComputeKeyRotationThresholdInfo:
 nvmlSystemGetConfComputeSettings:
     jmp __chidori_nvml_nvmlSystemGetConfComputeSettings@PLT
     .size nvmlSystemGetConfComputeSettings, .-nvmlSystemGetConfComputeSettings
+    .globl nvmlSystemGetConfComputeSettings_v2
+    .type nvmlSystemGetConfComputeSettings_v2, @function
+nvmlSystemGetConfComputeSettings_v2:
+    leaq .Lname130(%rip), %rdi
+    movq $3, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size nvmlSystemGetConfComputeSettings_v2, .-nvmlSystemGetConfComputeSettings_v2
     .globl nvmlSystemGetConfComputeState
     .type nvmlSystemGetConfComputeState, @function
 nvmlSystemGetConfComputeState:
@@ -2034,7 +2297,7 @@ nvmlSystemGetCudaDriverVersion_v2:
     .globl nvmlSystemGetDriverBranch
     .type nvmlSystemGetDriverBranch, @function
 nvmlSystemGetDriverBranch:
-    leaq .Lname100(%rip), %rdi
+    leaq .Lname131(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2067,7 +2330,7 @@ nvmlSystemGetProcessName:
     .globl nvmlSystemGetTopologyGpuSet
     .type nvmlSystemGetTopologyGpuSet, @function
 nvmlSystemGetTopologyGpuSet:
-    leaq .Lname101(%rip), %rdi
+    leaq .Lname132(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2075,7 +2338,7 @@ nvmlSystemGetTopologyGpuSet:
     .globl nvmlSystemRegisterEvents
     .type nvmlSystemRegisterEvents, @function
 nvmlSystemRegisterEvents:
-    leaq .Lname102(%rip), %rdi
+    leaq .Lname133(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2083,7 +2346,7 @@ nvmlSystemRegisterEvents:
     .globl nvmlSystemSetConfComputeGpusReadyState
     .type nvmlSystemSetConfComputeGpusReadyState, @function
 nvmlSystemSetConfComputeGpusReadyState:
-    leaq .Lname103(%rip), %rdi
+    leaq .Lname134(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2091,7 +2354,7 @@ nvmlSystemSetConfComputeGpusReadyState:
     .globl nvmlSystemSetConfComputeKeyRotationThresholdInfo
     .type nvmlSystemSetConfComputeKeyRotationThresholdInfo, @function
 nvmlSystemSetConfComputeKeyRotationThresholdInfo:
-    leaq .Lname104(%rip), %rdi
+    leaq .Lname135(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2099,7 +2362,7 @@ nvmlSystemSetConfComputeKeyRotationThresholdInfo:
     .globl nvmlSystemSetNvlinkBwMode
     .type nvmlSystemSetNvlinkBwMode, @function
 nvmlSystemSetNvlinkBwMode:
-    leaq .Lname105(%rip), %rdi
+    leaq .Lname136(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2112,7 +2375,7 @@ nvmlUnitGetCount:
     .globl nvmlUnitGetDevices
     .type nvmlUnitGetDevices, @function
 nvmlUnitGetDevices:
-    leaq .Lname106(%rip), %rdi
+    leaq .Lname137(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2150,7 +2413,7 @@ nvmlUnitGetUnitInfo:
     .globl nvmlUnitSetLedState
     .type nvmlUnitSetLedState, @function
 nvmlUnitSetLedState:
-    leaq .Lname107(%rip), %rdi
+    leaq .Lname138(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2158,7 +2421,7 @@ nvmlUnitSetLedState:
     .globl nvmlVgpuInstanceClearAccountingPids
     .type nvmlVgpuInstanceClearAccountingPids, @function
 nvmlVgpuInstanceClearAccountingPids:
-    leaq .Lname108(%rip), %rdi
+    leaq .Lname139(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2171,7 +2434,7 @@ nvmlVgpuInstanceGetAccountingMode:
     .globl nvmlVgpuInstanceGetAccountingPids
     .type nvmlVgpuInstanceGetAccountingPids, @function
 nvmlVgpuInstanceGetAccountingPids:
-    leaq .Lname109(%rip), %rdi
+    leaq .Lname140(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2179,7 +2442,7 @@ nvmlVgpuInstanceGetAccountingPids:
     .globl nvmlVgpuInstanceGetAccountingStats
     .type nvmlVgpuInstanceGetAccountingStats, @function
 nvmlVgpuInstanceGetAccountingStats:
-    leaq .Lname110(%rip), %rdi
+    leaq .Lname141(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2257,7 +2520,7 @@ nvmlVgpuInstanceGetMdevUUID:
     .globl nvmlVgpuInstanceGetMetadata
     .type nvmlVgpuInstanceGetMetadata, @function
 nvmlVgpuInstanceGetMetadata:
-    leaq .Lname111(%rip), %rdi
+    leaq .Lname142(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2295,7 +2558,7 @@ nvmlVgpuInstanceGetVmID:
     .globl nvmlVgpuInstanceSetEncoderCapacity
     .type nvmlVgpuInstanceSetEncoderCapacity, @function
 nvmlVgpuInstanceSetEncoderCapacity:
-    leaq .Lname112(%rip), %rdi
+    leaq .Lname143(%rip), %rdi
     movq $3, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2406,205 +2669,267 @@ nvmlVgpuTypeGetResolution:
 .Lname11:
     .asciz "nvmlDeviceGetAccountingStats"
 .Lname12:
-    .asciz "nvmlDeviceGetGpuInstancePossiblePlacements"
+    .asciz "nvmlDeviceGetAccountingStats_v2"
 .Lname13:
-    .asciz "nvmlDeviceGetGpuInstancePossiblePlacements_v2"
+    .asciz "nvmlDeviceGetAdaptiveTgpModeInfo_v1"
 .Lname14:
-    .asciz "nvmlDeviceGetGpuInstances"
+    .asciz "nvmlDeviceGetBBXTimeData_v1"
 .Lname15:
-    .asciz "nvmlDeviceGetProcessesUtilizationInfo"
+    .asciz "nvmlDeviceGetBankRemapperStatus_v1"
 .Lname16:
-    .asciz "nvmlDeviceGetRunningProcessDetailList"
+    .asciz "nvmlDeviceGetGpuFabricInfo_v4"
 .Lname17:
-    .asciz "nvmlDeviceGetSramUniqueUncorrectedEccErrorCounts"
+    .asciz "nvmlDeviceGetGpuInstancePossiblePlacements"
 .Lname18:
-    .asciz "nvmlDeviceGetTopologyNearestGpus"
+    .asciz "nvmlDeviceGetGpuInstancePossiblePlacements_v2"
 .Lname19:
-    .asciz "nvmlDeviceGetVgpuInstancesUtilizationInfo"
+    .asciz "nvmlDeviceGetGpuInstances"
 .Lname20:
-    .asciz "nvmlDeviceGetVgpuMetadata"
+    .asciz "nvmlDeviceGetGpuUptime_v1"
 .Lname21:
-    .asciz "nvmlDeviceGetVgpuProcessUtilization"
+    .asciz "nvmlDeviceGetMemoryLimits_v1"
 .Lname22:
-    .asciz "nvmlDeviceGetVgpuProcessesUtilizationInfo"
+    .asciz "nvmlDeviceGetNvLinkInfo_v3"
 .Lname23:
-    .asciz "nvmlDeviceGetVgpuTypeCreatablePlacements"
+    .asciz "nvmlDeviceGetNvLinkTelemetrySamples_v1"
 .Lname24:
-    .asciz "nvmlDeviceGetVgpuTypeSupportedPlacements"
+    .asciz "nvmlDeviceGetNvlinkNvlePrivateInfo_v1"
 .Lname25:
-    .asciz "nvmlDeviceModifyDrainState"
+    .asciz "nvmlDeviceGetNvlinkRemapTableInfo_v1"
 .Lname26:
-    .asciz "nvmlDevicePowerSmoothingActivatePresetProfile"
+    .asciz "nvmlDeviceGetProcessesUtilizationInfo"
 .Lname27:
-    .asciz "nvmlDevicePowerSmoothingSetState"
+    .asciz "nvmlDeviceGetRemappedRows_v2"
 .Lname28:
-    .asciz "nvmlDevicePowerSmoothingUpdatePresetProfileParam"
+    .asciz "nvmlDeviceGetRunningProcessDetailList"
 .Lname29:
-    .asciz "nvmlDeviceReadPRMCounters_v1"
+    .asciz "nvmlDeviceGetSramUniqueUncorrectedEccErrorCounts"
 .Lname30:
-    .asciz "nvmlDeviceReadWritePRM_v1"
+    .asciz "nvmlDeviceGetTopologyNearestGpus"
 .Lname31:
-    .asciz "nvmlDeviceRegisterEvents"
+    .asciz "nvmlDeviceGetVgpuInstancesUtilizationInfo"
 .Lname32:
-    .asciz "nvmlDeviceRemoveGpu"
+    .asciz "nvmlDeviceGetVgpuMetadata"
 .Lname33:
-    .asciz "nvmlDeviceRemoveGpu_v2"
+    .asciz "nvmlDeviceGetVgpuProcessUtilization"
 .Lname34:
-    .asciz "nvmlDeviceResetApplicationsClocks"
+    .asciz "nvmlDeviceGetVgpuProcessesUtilizationInfo"
 .Lname35:
-    .asciz "nvmlDeviceResetGpuLockedClocks"
+    .asciz "nvmlDeviceGetVgpuSchedulerLog_v2"
 .Lname36:
-    .asciz "nvmlDeviceResetMemoryLockedClocks"
+    .asciz "nvmlDeviceGetVgpuSchedulerState_v2"
 .Lname37:
-    .asciz "nvmlDeviceResetNvLinkErrorCounters"
+    .asciz "nvmlDeviceGetVgpuTypeCreatablePlacements"
 .Lname38:
-    .asciz "nvmlDeviceResetNvLinkUtilizationCounter"
+    .asciz "nvmlDeviceGetVgpuTypeSupportedPlacements"
 .Lname39:
-    .asciz "nvmlDeviceSetAPIRestriction"
+    .asciz "nvmlDeviceLockNvlinkRemapTable_v1"
 .Lname40:
-    .asciz "nvmlDeviceSetAccountingMode"
+    .asciz "nvmlDeviceModifyDrainState"
 .Lname41:
-    .asciz "nvmlDeviceSetApplicationsClocks"
+    .asciz "nvmlDevicePerfMetricsGetSamples_v1"
 .Lname42:
-    .asciz "nvmlDeviceSetAutoBoostedClocksEnabled"
+    .asciz "nvmlDevicePowerSmoothingActivatePresetProfile"
 .Lname43:
-    .asciz "nvmlDeviceSetClockOffsets"
+    .asciz "nvmlDevicePowerSmoothingSetState"
 .Lname44:
-    .asciz "nvmlDeviceSetComputeMode"
+    .asciz "nvmlDevicePowerSmoothingUpdatePresetProfileParam"
 .Lname45:
-    .asciz "nvmlDeviceSetConfComputeUnprotectedMemSize"
+    .asciz "nvmlDeviceReadPRMCounters_v1"
 .Lname46:
-    .asciz "nvmlDeviceSetCpuAffinity"
+    .asciz "nvmlDeviceReadWritePRM_v1"
 .Lname47:
-    .asciz "nvmlDeviceSetDefaultAutoBoostedClocksEnabled"
+    .asciz "nvmlDeviceRegisterEvents"
 .Lname48:
-    .asciz "nvmlDeviceSetDefaultFanSpeed_v2"
+    .asciz "nvmlDeviceRemoveGpu"
 .Lname49:
-    .asciz "nvmlDeviceSetDramEncryptionMode"
+    .asciz "nvmlDeviceRemoveGpu_v2"
 .Lname50:
-    .asciz "nvmlDeviceSetDriverModel"
+    .asciz "nvmlDeviceResetApplicationsClocks"
 .Lname51:
-    .asciz "nvmlDeviceSetEccMode"
+    .asciz "nvmlDeviceResetGpuLockedClocks"
 .Lname52:
-    .asciz "nvmlDeviceSetFanControlPolicy"
+    .asciz "nvmlDeviceResetMemoryLockedClocks"
 .Lname53:
-    .asciz "nvmlDeviceSetFanSpeed_v2"
+    .asciz "nvmlDeviceResetNvLinkErrorCounters"
 .Lname54:
-    .asciz "nvmlDeviceSetGpcClkVfOffset"
+    .asciz "nvmlDeviceResetNvLinkUtilizationCounter"
 .Lname55:
-    .asciz "nvmlDeviceSetGpuLockedClocks"
+    .asciz "nvmlDeviceSetAPIRestriction"
 .Lname56:
-    .asciz "nvmlDeviceSetGpuOperationMode"
+    .asciz "nvmlDeviceSetAccountingMode"
 .Lname57:
-    .asciz "nvmlDeviceSetHostname_v1"
+    .asciz "nvmlDeviceSetApplicationsClocks"
 .Lname58:
-    .asciz "nvmlDeviceSetMemClkVfOffset"
+    .asciz "nvmlDeviceSetAutoBoostedClocksEnabled"
 .Lname59:
-    .asciz "nvmlDeviceSetMemoryLockedClocks"
+    .asciz "nvmlDeviceSetClockOffsets"
 .Lname60:
-    .asciz "nvmlDeviceSetMigMode"
+    .asciz "nvmlDeviceSetComputeMode"
 .Lname61:
-    .asciz "nvmlDeviceSetNvLinkDeviceLowPowerThreshold"
+    .asciz "nvmlDeviceSetConfComputeUnprotectedMemSize"
 .Lname62:
-    .asciz "nvmlDeviceSetNvLinkUtilizationControl"
+    .asciz "nvmlDeviceSetCpuAffinity"
 .Lname63:
-    .asciz "nvmlDeviceSetNvlinkBwMode"
+    .asciz "nvmlDeviceSetDefaultAutoBoostedClocksEnabled"
 .Lname64:
-    .asciz "nvmlDeviceSetPersistenceMode"
+    .asciz "nvmlDeviceSetDefaultFanSpeed_v2"
 .Lname65:
-    .asciz "nvmlDeviceSetPowerManagementLimit"
+    .asciz "nvmlDeviceSetDramEncryptionMode"
 .Lname66:
-    .asciz "nvmlDeviceSetPowerManagementLimit_v2"
+    .asciz "nvmlDeviceSetDriverModel"
 .Lname67:
-    .asciz "nvmlDeviceSetPowerMizerMode_v1"
+    .asciz "nvmlDeviceSetEccMode"
 .Lname68:
-    .asciz "nvmlDeviceSetPowerMode"
+    .asciz "nvmlDeviceSetFanControlPolicy"
 .Lname69:
-    .asciz "nvmlDeviceSetRusdSettings_v1"
+    .asciz "nvmlDeviceSetFanSpeed_v2"
 .Lname70:
-    .asciz "nvmlDeviceSetTemperatureThreshold"
+    .asciz "nvmlDeviceSetGpcClkVfOffset"
 .Lname71:
-    .asciz "nvmlDeviceSetVgpuCapabilities"
+    .asciz "nvmlDeviceSetGpuLockedClocks"
 .Lname72:
-    .asciz "nvmlDeviceSetVgpuHeterogeneousMode"
+    .asciz "nvmlDeviceSetGpuOperationMode"
 .Lname73:
-    .asciz "nvmlDeviceSetVgpuSchedulerState"
+    .asciz "nvmlDeviceSetHostname_v1"
 .Lname74:
-    .asciz "nvmlDeviceSetVirtualizationMode"
+    .asciz "nvmlDeviceSetMemClkVfOffset"
 .Lname75:
-    .asciz "nvmlDeviceWorkloadPowerProfileClearRequestedProfiles"
+    .asciz "nvmlDeviceSetMemoryLimits_v1"
 .Lname76:
-    .asciz "nvmlDeviceWorkloadPowerProfileSetRequestedProfiles"
+    .asciz "nvmlDeviceSetMemoryLockedClocks"
 .Lname77:
-    .asciz "nvmlDeviceWorkloadPowerProfileUpdateProfiles_v1"
+    .asciz "nvmlDeviceSetMigMode"
 .Lname78:
-    .asciz "nvmlEventSetCreate"
+    .asciz "nvmlDeviceSetNvLinkDeviceLowPowerThreshold"
 .Lname79:
-    .asciz "nvmlEventSetFree"
+    .asciz "nvmlDeviceSetNvLinkUtilizationControl"
 .Lname80:
-    .asciz "nvmlEventSetWait"
+    .asciz "nvmlDeviceSetNvlinkBwMode"
 .Lname81:
-    .asciz "nvmlEventSetWait_v2"
+    .asciz "nvmlDeviceSetNvlinkBwModeAsync_v1"
 .Lname82:
-    .asciz "nvmlGetVgpuCompatibility"
+    .asciz "nvmlDeviceSetNvlinkNvleReady_v1"
 .Lname83:
-    .asciz "nvmlGpmMetricsGet"
+    .asciz "nvmlDeviceSetPersistenceMode"
 .Lname84:
-    .asciz "nvmlGpmSetStreamingEnabled"
+    .asciz "nvmlDeviceSetPowerManagementLimit"
 .Lname85:
-    .asciz "nvmlGpuInstanceCreateComputeInstance"
+    .asciz "nvmlDeviceSetPowerManagementLimit_v2"
 .Lname86:
-    .asciz "nvmlGpuInstanceCreateComputeInstanceWithPlacement"
+    .asciz "nvmlDeviceSetPowerMizerMode_v1"
 .Lname87:
-    .asciz "nvmlGpuInstanceDestroy"
+    .asciz "nvmlDeviceSetPowerMode"
 .Lname88:
-    .asciz "nvmlGpuInstanceGetActiveVgpus"
+    .asciz "nvmlDeviceSetRusdSettings_v1"
 .Lname89:
-    .asciz "nvmlGpuInstanceGetComputeInstancePossiblePlacements"
+    .asciz "nvmlDeviceSetTemperatureThreshold"
 .Lname90:
-    .asciz "nvmlGpuInstanceGetComputeInstanceProfileInfoV"
+    .asciz "nvmlDeviceSetVgpuCapabilities"
 .Lname91:
-    .asciz "nvmlGpuInstanceGetComputeInstances"
+    .asciz "nvmlDeviceSetVgpuHeterogeneousMode"
 .Lname92:
-    .asciz "nvmlGpuInstanceGetCreatableVgpus"
+    .asciz "nvmlDeviceSetVgpuSchedulerState"
 .Lname93:
-    .asciz "nvmlGpuInstanceGetVgpuTypeCreatablePlacements"
+    .asciz "nvmlDeviceSetVgpuSchedulerState_v2"
 .Lname94:
-    .asciz "nvmlGpuInstanceSetVgpuHeterogeneousMode"
+    .asciz "nvmlDeviceSetVirtualizationMode"
 .Lname95:
-    .asciz "nvmlGpuInstanceSetVgpuSchedulerState"
+    .asciz "nvmlDeviceSetupNvlinkNvleEncryptionKey_v1"
 .Lname96:
-    .asciz "nvmlSetVgpuVersion"
+    .asciz "nvmlDeviceWorkloadPowerProfileClearRequestedProfiles"
 .Lname97:
-    .asciz "nvmlSystemEventSetCreate"
+    .asciz "nvmlDeviceWorkloadPowerProfileSetRequestedProfiles"
 .Lname98:
-    .asciz "nvmlSystemEventSetFree"
+    .asciz "nvmlDeviceWorkloadPowerProfileUpdateProfiles_v1"
 .Lname99:
-    .asciz "nvmlSystemEventSetWait"
+    .asciz "nvmlEventSetCreate"
 .Lname100:
-    .asciz "nvmlSystemGetDriverBranch"
+    .asciz "nvmlEventSetFree"
 .Lname101:
-    .asciz "nvmlSystemGetTopologyGpuSet"
+    .asciz "nvmlEventSetGetContextCount_v1"
 .Lname102:
-    .asciz "nvmlSystemRegisterEvents"
+    .asciz "nvmlEventSetGetContextData_v1"
 .Lname103:
-    .asciz "nvmlSystemSetConfComputeGpusReadyState"
+    .asciz "nvmlEventSetGetContextInfo_v1"
 .Lname104:
-    .asciz "nvmlSystemSetConfComputeKeyRotationThresholdInfo"
+    .asciz "nvmlEventSetGetGpuOperationalEventContextLegacyXid_v1"
 .Lname105:
-    .asciz "nvmlSystemSetNvlinkBwMode"
+    .asciz "nvmlEventSetWait"
 .Lname106:
-    .asciz "nvmlUnitGetDevices"
+    .asciz "nvmlEventSetWait_v2"
 .Lname107:
-    .asciz "nvmlUnitSetLedState"
+    .asciz "nvmlEventSetWait_v3"
 .Lname108:
-    .asciz "nvmlVgpuInstanceClearAccountingPids"
+    .asciz "nvmlGetVgpuCompatibility"
 .Lname109:
-    .asciz "nvmlVgpuInstanceGetAccountingPids"
+    .asciz "nvmlGpmMetricsGet"
 .Lname110:
-    .asciz "nvmlVgpuInstanceGetAccountingStats"
+    .asciz "nvmlGpmSetStreamingEnabled"
 .Lname111:
-    .asciz "nvmlVgpuInstanceGetMetadata"
+    .asciz "nvmlGpuInstanceCreateComputeInstance"
 .Lname112:
+    .asciz "nvmlGpuInstanceCreateComputeInstanceWithPlacement"
+.Lname113:
+    .asciz "nvmlGpuInstanceDestroy"
+.Lname114:
+    .asciz "nvmlGpuInstanceGetActiveVgpus"
+.Lname115:
+    .asciz "nvmlGpuInstanceGetComputeInstancePossiblePlacements"
+.Lname116:
+    .asciz "nvmlGpuInstanceGetComputeInstanceProfileInfoV"
+.Lname117:
+    .asciz "nvmlGpuInstanceGetComputeInstances"
+.Lname118:
+    .asciz "nvmlGpuInstanceGetCreatableVgpus"
+.Lname119:
+    .asciz "nvmlGpuInstanceGetVgpuSchedulerLog_v2"
+.Lname120:
+    .asciz "nvmlGpuInstanceGetVgpuSchedulerState_v2"
+.Lname121:
+    .asciz "nvmlGpuInstanceGetVgpuTypeCreatablePlacements"
+.Lname122:
+    .asciz "nvmlGpuInstanceSetVgpuHeterogeneousMode"
+.Lname123:
+    .asciz "nvmlGpuInstanceSetVgpuSchedulerState"
+.Lname124:
+    .asciz "nvmlGpuInstanceSetVgpuSchedulerState_v2"
+.Lname125:
+    .asciz "nvmlSetVgpuVersion"
+.Lname126:
+    .asciz "nvmlSystemEventSetCreate"
+.Lname127:
+    .asciz "nvmlSystemEventSetFree"
+.Lname128:
+    .asciz "nvmlSystemEventSetWait"
+.Lname129:
+    .asciz "nvmlSystemGetCPER_v1"
+.Lname130:
+    .asciz "nvmlSystemGetConfComputeSettings_v2"
+.Lname131:
+    .asciz "nvmlSystemGetDriverBranch"
+.Lname132:
+    .asciz "nvmlSystemGetTopologyGpuSet"
+.Lname133:
+    .asciz "nvmlSystemRegisterEvents"
+.Lname134:
+    .asciz "nvmlSystemSetConfComputeGpusReadyState"
+.Lname135:
+    .asciz "nvmlSystemSetConfComputeKeyRotationThresholdInfo"
+.Lname136:
+    .asciz "nvmlSystemSetNvlinkBwMode"
+.Lname137:
+    .asciz "nvmlUnitGetDevices"
+.Lname138:
+    .asciz "nvmlUnitSetLedState"
+.Lname139:
+    .asciz "nvmlVgpuInstanceClearAccountingPids"
+.Lname140:
+    .asciz "nvmlVgpuInstanceGetAccountingPids"
+.Lname141:
+    .asciz "nvmlVgpuInstanceGetAccountingStats"
+.Lname142:
+    .asciz "nvmlVgpuInstanceGetMetadata"
+.Lname143:
     .asciz "nvmlVgpuInstanceSetEncoderCapacity"
     .section .note.GNU-stack,"",@progbits

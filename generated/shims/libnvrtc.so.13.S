@@ -21,6 +21,14 @@ nvrtcCreateProgram:
 nvrtcDestroyProgram:
     jmp __chidori_nvrtc_nvrtcDestroyProgram@PLT
     .size nvrtcDestroyProgram, .-nvrtcDestroyProgram
+    .globl nvrtcGetBundledHeadersInfo
+    .type nvrtcGetBundledHeadersInfo, @function
+nvrtcGetBundledHeadersInfo:
+    leaq .Lname0(%rip), %rdi
+    movq $11, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size nvrtcGetBundledHeadersInfo, .-nvrtcGetBundledHeadersInfo
     .globl nvrtcGetCUBIN
     .type nvrtcGetCUBIN, @function
 nvrtcGetCUBIN:
@@ -106,10 +114,42 @@ nvrtcGetProgramLogSize:
 nvrtcGetSupportedArchs:
     jmp __chidori_nvrtc_nvrtcGetSupportedArchs@PLT
     .size nvrtcGetSupportedArchs, .-nvrtcGetSupportedArchs
+    .globl nvrtcGetTileIR
+    .type nvrtcGetTileIR, @function
+nvrtcGetTileIR:
+    leaq .Lname1(%rip), %rdi
+    movq $11, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size nvrtcGetTileIR, .-nvrtcGetTileIR
+    .globl nvrtcGetTileIRSize
+    .type nvrtcGetTileIRSize, @function
+nvrtcGetTileIRSize:
+    leaq .Lname2(%rip), %rdi
+    movq $11, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size nvrtcGetTileIRSize, .-nvrtcGetTileIRSize
+    .globl nvrtcInstallBundledHeaders
+    .type nvrtcInstallBundledHeaders, @function
+nvrtcInstallBundledHeaders:
+    leaq .Lname3(%rip), %rdi
+    movq $11, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size nvrtcInstallBundledHeaders, .-nvrtcInstallBundledHeaders
+    .globl nvrtcRemoveBundledHeaders
+    .type nvrtcRemoveBundledHeaders, @function
+nvrtcRemoveBundledHeaders:
+    leaq .Lname4(%rip), %rdi
+    movq $11, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
+    .size nvrtcRemoveBundledHeaders, .-nvrtcRemoveBundledHeaders
     .globl nvrtcSetFlowCallback
     .type nvrtcSetFlowCallback, @function
 nvrtcSetFlowCallback:
-    leaq .Lname0(%rip), %rdi
+    leaq .Lname5(%rip), %rdi
     movq $11, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -126,5 +166,15 @@ nvrtcVersion:
     .size nvrtcVersion, .-nvrtcVersion
     .section .rodata
 .Lname0:
+    .asciz "nvrtcGetBundledHeadersInfo"
+.Lname1:
+    .asciz "nvrtcGetTileIR"
+.Lname2:
+    .asciz "nvrtcGetTileIRSize"
+.Lname3:
+    .asciz "nvrtcInstallBundledHeaders"
+.Lname4:
+    .asciz "nvrtcRemoveBundledHeaders"
+.Lname5:
     .asciz "nvrtcSetFlowCallback"
     .section .note.GNU-stack,"",@progbits

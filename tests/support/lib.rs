@@ -76,17 +76,6 @@ pub fn runtime_library(cuda: &str, file: &str) -> PathBuf {
     xtask::headers::runtime_library(&root(), cuda, file).expect("extracting a runtime library (needs PyPI)")
 }
 
-/// NVIDIA's `file` from `wheel`, a runtime newer than the generator's CUDA versions (the
-/// tests run it against Chidori's driver), fetched with pip and checked on first use.
-pub fn newer_runtime_library(wheel: &xtask::lock::Wheel, file: &str) -> PathBuf {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _guard = LOCK.lock().unwrap_or_else(|p| p.into_inner());
-    let dir = format!("runtime-{}", wheel.version);
-    xtask::headers::wheel_library(&root(), &dir, wheel, file)
-        .expect("fetching a runtime wheel (needs PyPI)")
-        .unwrap_or_else(|| panic!("no {file} in {}", wheel.file))
-}
-
 /// Compile a C program with gcc; panics with the compiler's output on failure.
 pub fn cc(source: &Path, output: &Path, args: &[&str]) {
     let out = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))

@@ -1161,7 +1161,10 @@ impl Backend for Real {
             }
             _ => {
                 let lib = if desc.library == "driver" { &self.driver } else { &self.cudart };
-                let f = lib.symbol(desc.name).ok_or_else(|| format!("no {}", desc.name))?;
+                // The _v2 forms (CUDA 13.5) add how CUDA's thread waits for the function: the
+                // client's function is a round trip away, where waiting blocked is right.
+                let name = desc.name.replacen("_v2", "", 1);
+                let f = lib.symbol(&name).ok_or_else(|| format!("no {name}"))?;
                 // SAFETY: cudaLaunchHostFunc and cuLaunchHostFunc share this signature.
                 let f: unsafe extern "C" fn(u64, unsafe extern "C" fn(*mut c_void), *mut c_void) -> u32 =
                     unsafe { std::mem::transmute(f) };

@@ -125,9 +125,8 @@ pub fn runtime_library(root: &Path, cuda: &str, file: &str) -> Result<PathBuf> {
 }
 
 /// NVIDIA's own `file` from `wheel` (fetched and checked against its sha256 on first use),
-/// extracted into the cache under `<dir>/lib/`; None where the wheel has no such file. The
-/// tests also run runtimes newer than the generator's versions, whose wheels they name.
-pub fn wheel_library(root: &Path, dir: &str, wheel: &Wheel, file: &str) -> Result<Option<PathBuf>> {
+/// extracted into the cache under `<dir>/lib/`; None where the wheel has no such file.
+fn wheel_library(root: &Path, dir: &str, wheel: &Wheel, file: &str) -> Result<Option<PathBuf>> {
     let out = cache_dir(root).join(dir).join("lib").join(file);
     if out.is_file() {
         return Ok(Some(out));

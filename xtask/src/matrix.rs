@@ -83,8 +83,55 @@ pub fn source(root: &Path, cuda: &str) -> Result<String> {
             );
         }
     }
-    Ok(TEMPLATE.replace("@PROPS@", &props).replace("@DERIVED@", &derived).replace("@CUDA@", cuda))
+    // Entry points newer versions added, where this version declares them.
+    let mut newer = String::new();
+    for (function, check) in NEWER {
+        if ir.functions.contains_key(*function) {
+            newer.push_str(check);
+        }
+    }
+    Ok(TEMPLATE
+        .replace("@PROPS@", &props)
+        .replace("@DERIVED@", &derived)
+        .replace("@NEWER@", &newer)
+        .replace("@CUDA@", cuda))
 }
+
+/// Checks of entry points that only some versions declare, each run where the version's
+/// runtime has the function: CUDA 13.5's host function with a sync mode and copy with
+/// attributes (a round trip through the device in stream order).
+const NEWER: &[(&str, &str)] = &[
+    (
+        "cudaLaunchHostFunc_v2",
+        r#"  { /* a host function with a sync mode, between two without */
+    order_n = 0;
+    cudaError_t e = cudaLaunchHostFunc(s, host_fn, (void *)1);
+    if (!e) e = cudaLaunchHostFunc_v2(s, host_fn, (void *)2, cudaHostTaskSpinWait);
+    if (!e) e = cudaLaunchHostFunc(s, host_fn, (void *)3);
+    if (!e) e = cudaStreamSynchronize(s);
+    check("callbacks", e == 0 && order_n == 3 && order[0] == 1 && order[1] == 2 && order[2] == 3, "v2: status %d, ran %d", e, order_n);
+  }
+"#,
+    ),
+    (
+        "cudaMemcpyWithAttributesAsync",
+        r#"  { /* copies with attributes, there and back */
+    unsigned char h[4096], back[4096];
+    fill(h, sizeof h, 7); memset(back, 0, sizeof back);
+    void *d = NULL;
+    struct cudaMemcpyAttributes attr;
+    memset(&attr, 0, sizeof attr);
+    attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    cudaError_t e = cudaMalloc(&d, sizeof h);
+    if (!e) e = cudaMemcpyWithAttributesAsync(d, h, sizeof h, &attr, s);
+    if (!e) e = cudaMemcpyWithAttributesAsync(back, d, sizeof back, &attr, s);
+    if (!e) e = cudaStreamSynchronize(s);
+    check("memory", e == 0 && memcmp(h, back, sizeof h) == 0, "with attributes: status %d", e);
+    cudaFree(d);
+  }
+"#,
+    ),
+];
 
 /// The runtime's name for a driver attribute (`cudaDevAttrClockRate` has the same value as
 /// `CU_DEVICE_ATTRIBUTE_CLOCK_RATE`): the number works with either enum.
@@ -204,7 +251,7 @@ int main(void) {
     if (!e) e = cudaStreamSynchronize(s);
     check("callbacks", e == 0 && order_n == 3 && order[0] == 1 && order[1] == 2 && order[2] == 3, "status %d, ran %d", e, order_n);
   }
-  { /* pointer attributes, in this version's layout */
+@NEWER@  { /* pointer attributes, in this version's layout */
     struct { unsigned char before[64]; struct cudaPointerAttributes a; unsigned char after[64]; } pa;
     void *d; void *pinned; int local;
     cudaMalloc(&d, 64); cudaMallocHost(&pinned, 64);

@@ -66,7 +66,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 },
                 FieldHandle {
                     offset: 152u32,
-                    kind: 2u16,
+                    kind: 3u16,
                     when: None,
                     written: false,
                 },
@@ -82,7 +82,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 },
                 FieldHandle {
                     offset: 64u32,
-                    kind: 2u16,
+                    kind: 3u16,
                     when: None,
                     written: false,
                 },
@@ -160,7 +160,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 20u16,
+                    kind: 21u16,
                     when: Some(FieldIs {
                         offset: 0u32,
                         size: 4u8,
@@ -190,7 +190,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 20u16,
+                    kind: 21u16,
                     when: Some(FieldIs {
                         offset: 0u32,
                         size: 4u8,
@@ -255,13 +255,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 64u32,
-                    kind: 49u16,
+                    kind: 50u16,
                     when: None,
                     written: false,
                 },
                 FieldHandle {
                     offset: 0u32,
-                    kind: 49u16,
+                    kind: 50u16,
                     when: None,
                     written: false,
                 },
@@ -283,13 +283,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 72u32,
-                    kind: 49u16,
+                    kind: 50u16,
                     when: None,
                     written: false,
                 },
                 FieldHandle {
                     offset: 0u32,
-                    kind: 49u16,
+                    kind: 50u16,
                     when: None,
                     written: false,
                 },
@@ -305,7 +305,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 8u32,
-                    kind: 49u16,
+                    kind: 50u16,
                     when: Some(FieldIs {
                         offset: 0u32,
                         size: 4u8,
@@ -315,7 +315,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 53u16,
+                    kind: 54u16,
                     when: Some(FieldIs {
                         offset: 0u32,
                         size: 4u8,
@@ -350,13 +350,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 0u32,
-                    kind: 108u16,
+                    kind: 111u16,
                     when: None,
                     written: true,
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 110u16,
+                    kind: 114u16,
                     when: None,
                     written: true,
                 },
@@ -372,7 +372,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 0u32,
-                    kind: 108u16,
+                    kind: 111u16,
                     when: None,
                     written: true,
                 },
@@ -388,13 +388,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 8u32,
-                    kind: 22u16,
+                    kind: 23u16,
                     when: None,
                     written: false,
                 },
                 FieldHandle {
                     offset: 16u32,
-                    kind: 11u16,
+                    kind: 12u16,
                     when: None,
                     written: true,
                 },
@@ -461,7 +461,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 },
                 FieldHandle {
                     offset: 152u32,
-                    kind: 2u16,
+                    kind: 3u16,
                     when: None,
                     written: false,
                 },
@@ -477,7 +477,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 },
                 FieldHandle {
                     offset: 64u32,
-                    kind: 2u16,
+                    kind: 3u16,
                     when: None,
                     written: false,
                 },
@@ -555,7 +555,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 20u16,
+                    kind: 21u16,
                     when: Some(FieldIs {
                         offset: 0u32,
                         size: 4u8,
@@ -585,7 +585,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 20u16,
+                    kind: 21u16,
                     when: Some(FieldIs {
                         offset: 0u32,
                         size: 4u8,
@@ -605,13 +605,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 16u32,
-                    kind: 11u16,
+                    kind: 12u16,
                     when: None,
                     written: true,
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 11u16,
+                    kind: 12u16,
                     when: None,
                     written: true,
                 },
@@ -657,13 +657,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 16u32,
-                    kind: 11u16,
+                    kind: 12u16,
                     when: None,
                     written: true,
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 11u16,
+                    kind: 12u16,
                     when: None,
                     written: true,
                 },
@@ -679,13 +679,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 8u32,
-                    kind: 22u16,
+                    kind: 23u16,
                     when: None,
                     written: false,
                 },
                 FieldHandle {
                     offset: 16u32,
-                    kind: 11u16,
+                    kind: 12u16,
                     when: None,
                     written: true,
                 },
@@ -716,13 +716,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 64u32,
-                    kind: 49u16,
+                    kind: 50u16,
                     when: None,
                     written: false,
                 },
                 FieldHandle {
                     offset: 0u32,
-                    kind: 49u16,
+                    kind: 50u16,
                     when: None,
                     written: false,
                 },
@@ -744,13 +744,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 72u32,
-                    kind: 49u16,
+                    kind: 50u16,
                     when: None,
                     written: false,
                 },
                 FieldHandle {
                     offset: 0u32,
-                    kind: 49u16,
+                    kind: 50u16,
                     when: None,
                     written: false,
                 },
@@ -766,7 +766,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 8u32,
-                    kind: 49u16,
+                    kind: 50u16,
                     when: Some(FieldIs {
                         offset: 0u32,
                         size: 4u8,
@@ -776,7 +776,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 53u16,
+                    kind: 54u16,
                     when: Some(FieldIs {
                         offset: 0u32,
                         size: 4u8,
@@ -811,13 +811,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 0u32,
-                    kind: 108u16,
+                    kind: 111u16,
                     when: None,
                     written: true,
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 110u16,
+                    kind: 114u16,
                     when: None,
                     written: true,
                 },
@@ -833,7 +833,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 0u32,
-                    kind: 108u16,
+                    kind: 111u16,
                     when: None,
                     written: true,
                 },
@@ -849,13 +849,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 8u32,
-                    kind: 22u16,
+                    kind: 23u16,
                     when: None,
                     written: false,
                 },
                 FieldHandle {
                     offset: 16u32,
-                    kind: 11u16,
+                    kind: 12u16,
                     when: None,
                     written: true,
                 },
@@ -922,7 +922,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 },
                 FieldHandle {
                     offset: 152u32,
-                    kind: 2u16,
+                    kind: 3u16,
                     when: None,
                     written: false,
                 },
@@ -938,7 +938,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 },
                 FieldHandle {
                     offset: 64u32,
-                    kind: 2u16,
+                    kind: 3u16,
                     when: None,
                     written: false,
                 },
@@ -1016,7 +1016,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 20u16,
+                    kind: 21u16,
                     when: Some(FieldIs {
                         offset: 0u32,
                         size: 4u8,
@@ -1046,7 +1046,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 20u16,
+                    kind: 21u16,
                     when: Some(FieldIs {
                         offset: 0u32,
                         size: 4u8,
@@ -1075,13 +1075,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 16u32,
-                    kind: 11u16,
+                    kind: 12u16,
                     when: None,
                     written: true,
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 11u16,
+                    kind: 12u16,
                     when: None,
                     written: true,
                 },
@@ -1127,13 +1127,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 16u32,
-                    kind: 11u16,
+                    kind: 12u16,
                     when: None,
                     written: true,
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 11u16,
+                    kind: 12u16,
                     when: None,
                     written: true,
                 },
@@ -1149,13 +1149,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 8u32,
-                    kind: 22u16,
+                    kind: 23u16,
                     when: None,
                     written: false,
                 },
                 FieldHandle {
                     offset: 16u32,
-                    kind: 11u16,
+                    kind: 12u16,
                     when: None,
                     written: true,
                 },
@@ -1186,13 +1186,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 64u32,
-                    kind: 49u16,
+                    kind: 50u16,
                     when: None,
                     written: false,
                 },
                 FieldHandle {
                     offset: 0u32,
-                    kind: 49u16,
+                    kind: 50u16,
                     when: None,
                     written: false,
                 },
@@ -1214,13 +1214,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 72u32,
-                    kind: 49u16,
+                    kind: 50u16,
                     when: None,
                     written: false,
                 },
                 FieldHandle {
                     offset: 0u32,
-                    kind: 49u16,
+                    kind: 50u16,
                     when: None,
                     written: false,
                 },
@@ -1236,7 +1236,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 8u32,
-                    kind: 49u16,
+                    kind: 50u16,
                     when: Some(FieldIs {
                         offset: 0u32,
                         size: 4u8,
@@ -1246,7 +1246,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 53u16,
+                    kind: 54u16,
                     when: Some(FieldIs {
                         offset: 0u32,
                         size: 4u8,
@@ -1281,13 +1281,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 0u32,
-                    kind: 108u16,
+                    kind: 111u16,
                     when: None,
                     written: true,
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 110u16,
+                    kind: 114u16,
                     when: None,
                     written: true,
                 },
@@ -1303,7 +1303,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 0u32,
-                    kind: 108u16,
+                    kind: 111u16,
                     when: None,
                     written: true,
                 },
@@ -1319,13 +1319,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 8u32,
-                    kind: 22u16,
+                    kind: 23u16,
                     when: None,
                     written: false,
                 },
                 FieldHandle {
                     offset: 16u32,
-                    kind: 11u16,
+                    kind: 12u16,
                     when: None,
                     written: true,
                 },
@@ -1392,7 +1392,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 },
                 FieldHandle {
                     offset: 152u32,
-                    kind: 2u16,
+                    kind: 3u16,
                     when: None,
                     written: false,
                 },
@@ -1408,7 +1408,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 },
                 FieldHandle {
                     offset: 64u32,
-                    kind: 2u16,
+                    kind: 3u16,
                     when: None,
                     written: false,
                 },
@@ -1486,7 +1486,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 20u16,
+                    kind: 21u16,
                     when: Some(FieldIs {
                         offset: 0u32,
                         size: 4u8,
@@ -1516,7 +1516,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 20u16,
+                    kind: 21u16,
                     when: Some(FieldIs {
                         offset: 0u32,
                         size: 4u8,
@@ -1545,13 +1545,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 16u32,
-                    kind: 11u16,
+                    kind: 12u16,
                     when: None,
                     written: true,
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 11u16,
+                    kind: 12u16,
                     when: None,
                     written: true,
                 },
@@ -1597,13 +1597,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 16u32,
-                    kind: 11u16,
+                    kind: 12u16,
                     when: None,
                     written: true,
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 11u16,
+                    kind: 12u16,
                     when: None,
                     written: true,
                 },
@@ -1619,13 +1619,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 8u32,
-                    kind: 22u16,
+                    kind: 23u16,
                     when: None,
                     written: false,
                 },
                 FieldHandle {
                     offset: 16u32,
-                    kind: 11u16,
+                    kind: 12u16,
                     when: None,
                     written: true,
                 },
@@ -1656,13 +1656,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 64u32,
-                    kind: 49u16,
+                    kind: 50u16,
                     when: None,
                     written: false,
                 },
                 FieldHandle {
                     offset: 0u32,
-                    kind: 49u16,
+                    kind: 50u16,
                     when: None,
                     written: false,
                 },
@@ -1684,13 +1684,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 72u32,
-                    kind: 49u16,
+                    kind: 50u16,
                     when: None,
                     written: false,
                 },
                 FieldHandle {
                     offset: 0u32,
-                    kind: 49u16,
+                    kind: 50u16,
                     when: None,
                     written: false,
                 },
@@ -1706,7 +1706,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 8u32,
-                    kind: 49u16,
+                    kind: 50u16,
                     when: Some(FieldIs {
                         offset: 0u32,
                         size: 4u8,
@@ -1716,7 +1716,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 53u16,
+                    kind: 54u16,
                     when: Some(FieldIs {
                         offset: 0u32,
                         size: 4u8,
@@ -1756,13 +1756,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 0u32,
-                    kind: 108u16,
+                    kind: 111u16,
                     when: None,
                     written: true,
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 110u16,
+                    kind: 114u16,
                     when: None,
                     written: true,
                 },
@@ -1778,7 +1778,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 0u32,
-                    kind: 108u16,
+                    kind: 111u16,
                     when: None,
                     written: true,
                 },
@@ -1794,13 +1794,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 8u32,
-                    kind: 22u16,
+                    kind: 23u16,
                     when: None,
                     written: false,
                 },
                 FieldHandle {
                     offset: 16u32,
-                    kind: 11u16,
+                    kind: 12u16,
                     when: None,
                     written: true,
                 },
@@ -1867,7 +1867,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 },
                 FieldHandle {
                     offset: 152u32,
-                    kind: 2u16,
+                    kind: 3u16,
                     when: None,
                     written: false,
                 },
@@ -1883,7 +1883,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 },
                 FieldHandle {
                     offset: 64u32,
-                    kind: 2u16,
+                    kind: 3u16,
                     when: None,
                     written: false,
                 },
@@ -1961,7 +1961,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 20u16,
+                    kind: 21u16,
                     when: Some(FieldIs {
                         offset: 0u32,
                         size: 4u8,
@@ -1991,7 +1991,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 20u16,
+                    kind: 21u16,
                     when: Some(FieldIs {
                         offset: 0u32,
                         size: 4u8,
@@ -2020,13 +2020,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 16u32,
-                    kind: 11u16,
+                    kind: 12u16,
                     when: None,
                     written: true,
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 11u16,
+                    kind: 12u16,
                     when: None,
                     written: true,
                 },
@@ -2072,13 +2072,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 16u32,
-                    kind: 11u16,
+                    kind: 12u16,
                     when: None,
                     written: true,
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 11u16,
+                    kind: 12u16,
                     when: None,
                     written: true,
                 },
@@ -2094,13 +2094,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 8u32,
-                    kind: 22u16,
+                    kind: 23u16,
                     when: None,
                     written: false,
                 },
                 FieldHandle {
                     offset: 16u32,
-                    kind: 11u16,
+                    kind: 12u16,
                     when: None,
                     written: true,
                 },
@@ -2131,13 +2131,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 64u32,
-                    kind: 49u16,
+                    kind: 50u16,
                     when: None,
                     written: false,
                 },
                 FieldHandle {
                     offset: 0u32,
-                    kind: 49u16,
+                    kind: 50u16,
                     when: None,
                     written: false,
                 },
@@ -2159,13 +2159,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 72u32,
-                    kind: 49u16,
+                    kind: 50u16,
                     when: None,
                     written: false,
                 },
                 FieldHandle {
                     offset: 0u32,
-                    kind: 49u16,
+                    kind: 50u16,
                     when: None,
                     written: false,
                 },
@@ -2181,7 +2181,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 8u32,
-                    kind: 49u16,
+                    kind: 50u16,
                     when: Some(FieldIs {
                         offset: 0u32,
                         size: 4u8,
@@ -2191,7 +2191,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 53u16,
+                    kind: 54u16,
                     when: Some(FieldIs {
                         offset: 0u32,
                         size: 4u8,
@@ -2231,13 +2231,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 0u32,
-                    kind: 108u16,
+                    kind: 111u16,
                     when: None,
                     written: true,
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 110u16,
+                    kind: 114u16,
                     when: None,
                     written: true,
                 },
@@ -2253,7 +2253,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 0u32,
-                    kind: 108u16,
+                    kind: 111u16,
                     when: None,
                     written: true,
                 },
@@ -2269,13 +2269,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 8u32,
-                    kind: 22u16,
+                    kind: 23u16,
                     when: None,
                     written: false,
                 },
                 FieldHandle {
                     offset: 16u32,
-                    kind: 11u16,
+                    kind: 12u16,
                     when: None,
                     written: true,
                 },
@@ -2342,7 +2342,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 },
                 FieldHandle {
                     offset: 152u32,
-                    kind: 2u16,
+                    kind: 3u16,
                     when: None,
                     written: false,
                 },
@@ -2358,7 +2358,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 },
                 FieldHandle {
                     offset: 64u32,
-                    kind: 2u16,
+                    kind: 3u16,
                     when: None,
                     written: false,
                 },
@@ -2436,7 +2436,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 20u16,
+                    kind: 21u16,
                     when: Some(FieldIs {
                         offset: 0u32,
                         size: 4u8,
@@ -2466,7 +2466,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 20u16,
+                    kind: 21u16,
                     when: Some(FieldIs {
                         offset: 0u32,
                         size: 4u8,
@@ -2501,13 +2501,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 16u32,
-                    kind: 11u16,
+                    kind: 12u16,
                     when: None,
                     written: true,
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 11u16,
+                    kind: 12u16,
                     when: None,
                     written: true,
                 },
@@ -2553,13 +2553,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 16u32,
-                    kind: 11u16,
+                    kind: 12u16,
                     when: None,
                     written: true,
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 11u16,
+                    kind: 12u16,
                     when: None,
                     written: true,
                 },
@@ -2575,13 +2575,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 8u32,
-                    kind: 22u16,
+                    kind: 23u16,
                     when: None,
                     written: false,
                 },
                 FieldHandle {
                     offset: 16u32,
-                    kind: 11u16,
+                    kind: 12u16,
                     when: None,
                     written: true,
                 },
@@ -2612,13 +2612,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 64u32,
-                    kind: 49u16,
+                    kind: 50u16,
                     when: None,
                     written: false,
                 },
                 FieldHandle {
                     offset: 0u32,
-                    kind: 49u16,
+                    kind: 50u16,
                     when: None,
                     written: false,
                 },
@@ -2640,13 +2640,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 72u32,
-                    kind: 49u16,
+                    kind: 50u16,
                     when: None,
                     written: false,
                 },
                 FieldHandle {
                     offset: 0u32,
-                    kind: 49u16,
+                    kind: 50u16,
                     when: None,
                     written: false,
                 },
@@ -2662,7 +2662,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 8u32,
-                    kind: 49u16,
+                    kind: 50u16,
                     when: Some(FieldIs {
                         offset: 0u32,
                         size: 4u8,
@@ -2672,7 +2672,7 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 53u16,
+                    kind: 54u16,
                     when: Some(FieldIs {
                         offset: 0u32,
                         size: 4u8,
@@ -2712,13 +2712,13 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 0u32,
-                    kind: 108u16,
+                    kind: 111u16,
                     when: None,
                     written: true,
                 },
                 FieldHandle {
                     offset: 8u32,
-                    kind: 110u16,
+                    kind: 114u16,
                     when: None,
                     written: true,
                 },
@@ -2734,7 +2734,468 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
             handles: &[
                 FieldHandle {
                     offset: 0u32,
-                    kind: 108u16,
+                    kind: 111u16,
+                    when: None,
+                    written: true,
+                },
+            ],
+            allow: &[],
+        },
+    ),
+    (
+        "13.5",
+        "CUDA_GRAPH_INSTANTIATE_PARAMS_st",
+        RecordChecks {
+            size: 32u32,
+            handles: &[
+                FieldHandle {
+                    offset: 8u32,
+                    kind: 23u16,
+                    when: None,
+                    written: false,
+                },
+                FieldHandle {
+                    offset: 16u32,
+                    kind: 12u16,
+                    when: None,
+                    written: true,
+                },
+            ],
+            allow: &[],
+        },
+    ),
+    (
+        "13.5",
+        "CUDA_MEMCPY2D_st",
+        RecordChecks {
+            size: 128u32,
+            handles: &[
+                FieldHandle {
+                    offset: 96u32,
+                    kind: 0u16,
+                    when: Some(FieldIs {
+                        offset: 72u32,
+                        size: 4u8,
+                        values: &[3u64],
+                    }),
+                    written: false,
+                },
+                FieldHandle {
+                    offset: 40u32,
+                    kind: 0u16,
+                    when: Some(FieldIs {
+                        offset: 16u32,
+                        size: 4u8,
+                        values: &[3u64],
+                    }),
+                    written: false,
+                },
+            ],
+            allow: &[
+                FieldIs {
+                    offset: 72u32,
+                    size: 4u8,
+                    values: &[2u64, 3u64],
+                },
+                FieldIs {
+                    offset: 16u32,
+                    size: 4u8,
+                    values: &[2u64, 3u64],
+                },
+            ],
+        },
+    ),
+    (
+        "13.5",
+        "CUDA_MEMCPY3D_PEER_st",
+        RecordChecks {
+            size: 200u32,
+            handles: &[
+                FieldHandle {
+                    offset: 144u32,
+                    kind: 0u16,
+                    when: Some(FieldIs {
+                        offset: 120u32,
+                        size: 4u8,
+                        values: &[3u64],
+                    }),
+                    written: false,
+                },
+                FieldHandle {
+                    offset: 152u32,
+                    kind: 3u16,
+                    when: None,
+                    written: false,
+                },
+                FieldHandle {
+                    offset: 56u32,
+                    kind: 0u16,
+                    when: Some(FieldIs {
+                        offset: 32u32,
+                        size: 4u8,
+                        values: &[3u64],
+                    }),
+                    written: false,
+                },
+                FieldHandle {
+                    offset: 64u32,
+                    kind: 3u16,
+                    when: None,
+                    written: false,
+                },
+            ],
+            allow: &[
+                FieldIs {
+                    offset: 120u32,
+                    size: 4u8,
+                    values: &[2u64, 3u64],
+                },
+                FieldIs {
+                    offset: 32u32,
+                    size: 4u8,
+                    values: &[2u64, 3u64],
+                },
+            ],
+        },
+    ),
+    (
+        "13.5",
+        "CUDA_MEMCPY3D_st",
+        RecordChecks {
+            size: 200u32,
+            handles: &[
+                FieldHandle {
+                    offset: 144u32,
+                    kind: 0u16,
+                    when: Some(FieldIs {
+                        offset: 120u32,
+                        size: 4u8,
+                        values: &[3u64],
+                    }),
+                    written: false,
+                },
+                FieldHandle {
+                    offset: 56u32,
+                    kind: 0u16,
+                    when: Some(FieldIs {
+                        offset: 32u32,
+                        size: 4u8,
+                        values: &[3u64],
+                    }),
+                    written: false,
+                },
+            ],
+            allow: &[
+                FieldIs {
+                    offset: 120u32,
+                    size: 4u8,
+                    values: &[2u64, 3u64],
+                },
+                FieldIs {
+                    offset: 32u32,
+                    size: 4u8,
+                    values: &[2u64, 3u64],
+                },
+            ],
+        },
+    ),
+    (
+        "13.5",
+        "CUDA_RESOURCE_DESC_st",
+        RecordChecks {
+            size: 144u32,
+            handles: &[
+                FieldHandle {
+                    offset: 8u32,
+                    kind: 0u16,
+                    when: Some(FieldIs {
+                        offset: 0u32,
+                        size: 4u8,
+                        values: &[0u64],
+                    }),
+                    written: false,
+                },
+                FieldHandle {
+                    offset: 8u32,
+                    kind: 21u16,
+                    when: Some(FieldIs {
+                        offset: 0u32,
+                        size: 4u8,
+                        values: &[1u64],
+                    }),
+                    written: false,
+                },
+            ],
+            allow: &[],
+        },
+    ),
+    (
+        "13.5",
+        "CUarrayMapInfo_st",
+        RecordChecks {
+            size: 96u32,
+            handles: &[
+                FieldHandle {
+                    offset: 8u32,
+                    kind: 0u16,
+                    when: Some(FieldIs {
+                        offset: 0u32,
+                        size: 4u8,
+                        values: &[0u64],
+                    }),
+                    written: false,
+                },
+                FieldHandle {
+                    offset: 8u32,
+                    kind: 21u16,
+                    when: Some(FieldIs {
+                        offset: 0u32,
+                        size: 4u8,
+                        values: &[1u64],
+                    }),
+                    written: false,
+                },
+            ],
+            allow: &[],
+        },
+    ),
+    (
+        "13.5",
+        "CUdevResource_st",
+        RecordChecks {
+            size: 144u32,
+            handles: &[],
+            allow: &[
+                FieldIs {
+                    offset: 136u32,
+                    size: 8u8,
+                    values: &[0u64],
+                },
+            ],
+        },
+    ),
+    (
+        "13.5",
+        "CUgraphExecUpdateResultInfo_st",
+        RecordChecks {
+            size: 24u32,
+            handles: &[
+                FieldHandle {
+                    offset: 16u32,
+                    kind: 12u16,
+                    when: None,
+                    written: true,
+                },
+                FieldHandle {
+                    offset: 8u32,
+                    kind: 12u16,
+                    when: None,
+                    written: true,
+                },
+            ],
+            allow: &[],
+        },
+    ),
+    (
+        "13.5",
+        "CUmemAllocationProp_st",
+        RecordChecks {
+            size: 32u32,
+            handles: &[],
+            allow: &[
+                FieldIs {
+                    offset: 4u32,
+                    size: 4u8,
+                    values: &[0u64, 1u64, 8u64],
+                },
+            ],
+        },
+    ),
+    (
+        "13.5",
+        "CUmemPoolProps_st",
+        RecordChecks {
+            size: 88u32,
+            handles: &[],
+            allow: &[
+                FieldIs {
+                    offset: 4u32,
+                    size: 4u8,
+                    values: &[0u64, 1u64, 8u64],
+                },
+            ],
+        },
+    ),
+    (
+        "13.5",
+        "cudaGraphExecUpdateResultInfo_st",
+        RecordChecks {
+            size: 24u32,
+            handles: &[
+                FieldHandle {
+                    offset: 16u32,
+                    kind: 12u16,
+                    when: None,
+                    written: true,
+                },
+                FieldHandle {
+                    offset: 8u32,
+                    kind: 12u16,
+                    when: None,
+                    written: true,
+                },
+            ],
+            allow: &[],
+        },
+    ),
+    (
+        "13.5",
+        "cudaGraphInstantiateParams_st",
+        RecordChecks {
+            size: 32u32,
+            handles: &[
+                FieldHandle {
+                    offset: 8u32,
+                    kind: 23u16,
+                    when: None,
+                    written: false,
+                },
+                FieldHandle {
+                    offset: 16u32,
+                    kind: 12u16,
+                    when: None,
+                    written: true,
+                },
+            ],
+            allow: &[],
+        },
+    ),
+    (
+        "13.5",
+        "cudaMemPoolProps",
+        RecordChecks {
+            size: 88u32,
+            handles: &[],
+            allow: &[
+                FieldIs {
+                    offset: 4u32,
+                    size: 4u8,
+                    values: &[0u64, 1u64, 8u64],
+                },
+            ],
+        },
+    ),
+    (
+        "13.5",
+        "cudaMemcpy3DParms",
+        RecordChecks {
+            size: 160u32,
+            handles: &[
+                FieldHandle {
+                    offset: 64u32,
+                    kind: 50u16,
+                    when: None,
+                    written: false,
+                },
+                FieldHandle {
+                    offset: 0u32,
+                    kind: 50u16,
+                    when: None,
+                    written: false,
+                },
+            ],
+            allow: &[
+                FieldIs {
+                    offset: 152u32,
+                    size: 4u8,
+                    values: &[3u64],
+                },
+            ],
+        },
+    ),
+    (
+        "13.5",
+        "cudaMemcpy3DPeerParms",
+        RecordChecks {
+            size: 168u32,
+            handles: &[
+                FieldHandle {
+                    offset: 72u32,
+                    kind: 50u16,
+                    when: None,
+                    written: false,
+                },
+                FieldHandle {
+                    offset: 0u32,
+                    kind: 50u16,
+                    when: None,
+                    written: false,
+                },
+            ],
+            allow: &[],
+        },
+    ),
+    (
+        "13.5",
+        "cudaResourceDesc",
+        RecordChecks {
+            size: 144u32,
+            handles: &[
+                FieldHandle {
+                    offset: 8u32,
+                    kind: 50u16,
+                    when: Some(FieldIs {
+                        offset: 0u32,
+                        size: 4u8,
+                        values: &[0u64],
+                    }),
+                    written: false,
+                },
+                FieldHandle {
+                    offset: 8u32,
+                    kind: 54u16,
+                    when: Some(FieldIs {
+                        offset: 0u32,
+                        size: 4u8,
+                        values: &[1u64],
+                    }),
+                    written: false,
+                },
+            ],
+            allow: &[],
+        },
+    ),
+    (
+        "13.5",
+        "nvmlComputeInstanceInfo_st",
+        RecordChecks {
+            size: 32u32,
+            handles: &[
+                FieldHandle {
+                    offset: 0u32,
+                    kind: 111u16,
+                    when: None,
+                    written: true,
+                },
+                FieldHandle {
+                    offset: 8u32,
+                    kind: 114u16,
+                    when: None,
+                    written: true,
+                },
+            ],
+            allow: &[],
+        },
+    ),
+    (
+        "13.5",
+        "nvmlGpuInstanceInfo_st",
+        RecordChecks {
+            size: 24u32,
+            handles: &[
+                FieldHandle {
+                    offset: 0u32,
+                    kind: 111u16,
                     when: None,
                     written: true,
                 },

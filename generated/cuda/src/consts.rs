@@ -4,15 +4,19 @@
 //! Hand-written code names CUDA values through these, never as bare numbers.
 
 pub mod CUCoredumpGenerationFlags {
-    pub const CU_COREDUMP_DEFAULT_FLAGS: u32 = 0;
-    pub const CU_COREDUMP_SKIP_NONRELOCATED_ELF_IMAGES: u32 = 1;
-    pub const CU_COREDUMP_SKIP_GLOBAL_MEMORY: u32 = 2;
-    pub const CU_COREDUMP_SKIP_SHARED_MEMORY: u32 = 4;
-    pub const CU_COREDUMP_SKIP_LOCAL_MEMORY: u32 = 8;
-    pub const CU_COREDUMP_SKIP_ABORT: u32 = 16;
-    pub const CU_COREDUMP_SKIP_CONSTBANK_MEMORY: u32 = 32;
-    pub const CU_COREDUMP_GZIP_COMPRESS: u32 = 64;
-    pub const CU_COREDUMP_LIGHTWEIGHT_FLAGS: u32 = 47;
+    pub const CU_COREDUMP_DEFAULT_FLAGS: i32 = 0;
+    pub const CU_COREDUMP_SKIP_NONRELOCATED_ELF_IMAGES: i32 = 1;
+    pub const CU_COREDUMP_SKIP_GLOBAL_MEMORY: i32 = 2;
+    pub const CU_COREDUMP_SKIP_SHARED_MEMORY: i32 = 4;
+    pub const CU_COREDUMP_SKIP_LOCAL_MEMORY: i32 = 8;
+    pub const CU_COREDUMP_SKIP_ABORT: i32 = 16;
+    pub const CU_COREDUMP_SKIP_CONSTBANK_MEMORY: i32 = 32;
+    pub const CU_COREDUMP_GZIP_COMPRESS: i32 = 64;
+    pub const CU_COREDUMP_FAULTED_CONTEXTS_ONLY: i32 = 128;
+    pub const CU_COREDUMP_SKIP_TENSOR_MEMORY: i32 = 256;
+    pub const CU_COREDUMP_NO_ERRBAR_AT_EXIT: i32 = 1073741824;
+    pub const CU_COREDUMP_LOG_ONLY: i32 = -2147483648;
+    pub const CU_COREDUMP_LIGHTWEIGHT_FLAGS: i32 = 303;
 }
 pub mod CUDA_POINTER_ATTRIBUTE_ACCESS_FLAGS_enum {
     pub const CU_POINTER_ATTRIBUTE_ACCESS_FLAG_NONE: u32 = 0;
@@ -35,6 +39,8 @@ pub mod CUFILEStatus_enum {
 pub mod CUFileArrayConfigParameter_t {
     pub const CUFILE_PARAM_POSIX_POOL_SLAB_SIZE_KB: u32 = 0;
     pub const CUFILE_PARAM_POSIX_POOL_SLAB_COUNT: u32 = 1;
+    pub const CUFILE_PARAM_GPU_BOUNCE_BUFFER_SLAB_SIZE_KB: u32 = 2;
+    pub const CUFILE_PARAM_GPU_BOUNCE_BUFFER_SLAB_COUNT: u32 = 3;
 }
 pub mod CUFileBoolConfigParameter_t {
     pub const CUFILE_PARAM_PROPERTIES_USE_POLL_MODE: u32 = 0;
@@ -49,6 +55,8 @@ pub mod CUFileBoolConfigParameter_t {
     pub const CUFILE_PARAM_FORCE_ODIRECT_MODE: u32 = 9;
     pub const CUFILE_PARAM_SKIP_TOPOLOGY_DETECTION: u32 = 10;
     pub const CUFILE_PARAM_STREAM_MEMOPS_BYPASS: u32 = 11;
+    pub const CUFILE_PARAM_PROPERTIES_POSIX_IO_MODE: u32 = 12;
+    pub const CUFILE_PARAM_GDS_FALLBACK_IO: u32 = 13;
 }
 pub mod CUFileSizeTConfigParameter_t {
     pub const CUFILE_PARAM_PROFILE_STATS: u32 = 0;
@@ -68,6 +76,7 @@ pub mod CUFileStringConfigParameter_t {
     pub const CUFILE_PARAM_LOGGING_LEVEL: u32 = 0;
     pub const CUFILE_PARAM_ENV_LOGFILE_PATH: u32 = 1;
     pub const CUFILE_PARAM_LOG_DIR: u32 = 2;
+    pub const CUFILE_PARAM_RDMA_TRANSPORT: u32 = 3;
 }
 pub mod CUGPUDirectRDMAWritesOrdering_enum {
     pub const CU_GPU_DIRECT_RDMA_WRITES_ORDERING_NONE: u32 = 0;
@@ -197,10 +206,17 @@ pub mod CUcigDataType_enum {
     pub const CIG_DATA_TYPE_D3D12_COMMAND_QUEUE: u32 = 1;
     pub const CIG_DATA_TYPE_NV_BLOB: u32 = 2;
 }
+pub mod CUcliqueType_enum {
+    pub const CU_CLIQUE_TYPE_UNICAST_POINTER: u32 = 0;
+    pub const CU_CLIQUE_TYPE_MULTICAST_POINTER: u32 = 1;
+    pub const CU_CLIQUE_TYPE_UNICAST_LOGICAL_ENDPOINT: u32 = 2;
+    pub const CU_CLIQUE_TYPE_MULTICAST_LOGICAL_ENDPOINT: u32 = 3;
+}
 pub mod CUclusterSchedulingPolicy_enum {
     pub const CU_CLUSTER_SCHEDULING_POLICY_DEFAULT: u32 = 0;
     pub const CU_CLUSTER_SCHEDULING_POLICY_SPREAD: u32 = 1;
     pub const CU_CLUSTER_SCHEDULING_POLICY_LOAD_BALANCING: u32 = 2;
+    pub const CU_CLUSTER_SCHEDULING_POLICY_RUBIN_DSMEM_LOCALITY: u32 = 3;
 }
 pub mod CUcomputemode_enum {
     pub const CU_COMPUTEMODE_DEFAULT: u32 = 0;
@@ -240,6 +256,8 @@ pub mod CUdevResourceType {
 pub mod CUdevSmResourceGroup_flags {
     pub const CU_DEV_SM_RESOURCE_GROUP_DEFAULT: u32 = 0;
     pub const CU_DEV_SM_RESOURCE_GROUP_BACKFILL: u32 = 1;
+    pub const CU_DEV_SM_RESOURCE_GROUP_LOCALITY_DOMAIN_ID: u32 = 2;
+    pub const CU_DEV_SM_RESOURCE_GROUP_LOCALITY_DOMAIN_SUPPLEMENTAL_SMS: u32 = 4;
 }
 pub mod CUdevSmResourceSplitByCount_flags {
     pub const CU_DEV_SM_RESOURCE_SPLIT_IGNORE_SM_COSCHEDULING: u32 = 1;
@@ -420,7 +438,20 @@ pub mod CUdevice_attribute_enum {
     pub const CU_DEVICE_ATTRIBUTE_HOST_ALLOC_DMA_BUF_SUPPORTED: u32 = 146;
     pub const CU_DEVICE_ATTRIBUTE_ONLY_PARTIAL_HOST_NATIVE_ATOMIC_SUPPORTED: u32 = 147;
     pub const CU_DEVICE_ATTRIBUTE_ATOMIC_REDUCTION_SUPPORTED: u32 = 148;
-    pub const CU_DEVICE_ATTRIBUTE_MAX: u32 = 149;
+    pub const CU_DEVICE_ATTRIBUTE_LOCALITY_DOMAIN_COUNT: u32 = 149;
+    pub const CU_DEVICE_ATTRIBUTE_MAX_OVERSIZED_SHARED_MEMORY_PER_BLOCK: u32 = 150;
+    pub const CU_DEVICE_ATTRIBUTE_D3D12_CIG_STREAMS_SUPPORTED: u32 = 151;
+    pub const CU_DEVICE_ATTRIBUTE_DMA_BUF_MMAP_SUPPORTED: u32 = 152;
+    pub const CU_DEVICE_ATTRIBUTE_LOGICAL_ENDPOINT_UNICAST_SUPPORTED: u32 = 153;
+    pub const CU_DEVICE_ATTRIBUTE_LOGICAL_ENDPOINT_MULTICAST_SUPPORTED: u32 = 154;
+    pub const CU_DEVICE_ATTRIBUTE_LOGICAL_ENDPOINT_COUNTED_OPS_SUPPORTED: u32 = 155;
+    pub const CU_DEVICE_ATTRIBUTE_LOGICAL_ENDPOINT_UNICAST_ACCESS_ON_OWNER_DEVICE_SUPPORTED: u32 = 156;
+    pub const CU_DEVICE_ATTRIBUTE_LOCALITY_DOMAIN_MULTIPROCESSOR_COUNT: u32 = 157;
+    pub const CU_DEVICE_ATTRIBUTE_LOGICAL_ENDPOINT_SUPPORTED_HANDLE_TYPES: u32 = 158;
+    pub const CU_DEVICE_ATTRIBUTE_VULKAN_CIG_STREAMS_SUPPORTED: u32 = 159;
+    pub const CU_DEVICE_ATTRIBUTE_TENSOR_MAP_LARGE_TENSOR_MIN_SIZE: u32 = 160;
+    pub const CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_LOCALIZED_MEMORY_SUPPORTED: u32 = 161;
+    pub const CU_DEVICE_ATTRIBUTE_MAX: u32 = 162;
 }
 pub mod CUdriverProcAddressQueryResult_enum {
     pub const CU_GET_PROC_ADDRESS_SUCCESS: u32 = 0;
@@ -479,9 +510,17 @@ pub mod CUexternalSemaphoreHandleType_enum {
     pub const CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_TIMELINE_SEMAPHORE_FD: u32 = 9;
     pub const CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_TIMELINE_SEMAPHORE_WIN32: u32 = 10;
 }
+pub mod CUfabricCpyOperandType_enum {
+    pub const CU_FABRIC_COPY_OPERAND_TYPE_POINTER: u32 = 1;
+    pub const CU_FABRIC_COPY_OPERAND_TYPE_LOGICAL_ENDPOINT: u32 = 2;
+    pub const CU_FABRIC_COPY_OPERAND_TYPE_MAX: u32 = 2147483647;
+}
 pub mod CUfileDriverControlFlags {
     pub const CU_FILE_USE_POLL_MODE: u32 = 0;
     pub const CU_FILE_ALLOW_COMPAT_MODE: u32 = 1;
+    pub const CU_FILE_VANILLA_POSIX_IO_MODE: u32 = 2;
+    pub const CU_FILE_POSIX_IO_MODE: u32 = 2;
+    pub const CU_FILE_FALLBACK_IO_MODE: u32 = 4;
 }
 pub mod CUfileDriverStatusFlags {
     pub const CU_FILE_LUSTRE_SUPPORTED: u32 = 0;
@@ -497,7 +536,8 @@ pub mod CUfileDriverStatusFlags {
     pub const CU_FILE_NVME_P2P_SUPPORTED: u32 = 11;
     pub const CU_FILE_SCATEFS_SUPPORTED: u32 = 12;
     pub const CU_FILE_VIRTIOFS_SUPPORTED: u32 = 13;
-    pub const CU_FILE_MAX_TARGET_TYPES: u32 = 14;
+    pub const CU_FILE_PANFS_SUPPORTED: u32 = 14;
+    pub const CU_FILE_MAX_TARGET_TYPES: u32 = 15;
 }
 pub mod CUfileFeatureFlags {
     pub const CU_FILE_DYN_ROUTING_SUPPORTED: u32 = 0;
@@ -616,11 +656,14 @@ pub mod CUfunction_attribute_enum {
     pub const CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH: u32 = 13;
     pub const CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED: u32 = 14;
     pub const CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE: u32 = 15;
-    pub const CU_FUNC_ATTRIBUTE_MAX: u32 = 16;
+    pub const CU_FUNC_ATTRIBUTE_DEVICE_NODE_UPDATE_SUPPORTED: u32 = 16;
+    pub const CU_FUNC_ATTRIBUTE_SHARED_MEMORY_MODE: u32 = 17;
+    pub const CU_FUNC_ATTRIBUTE_MAX: u32 = 18;
 }
 pub mod CUgraphChildGraphNodeOwnership_enum {
-    pub const CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE: u32 = 0;
-    pub const CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE: u32 = 1;
+    pub const CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE: i32 = 0;
+    pub const CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE: i32 = 1;
+    pub const CU_GRAPH_CHILD_GRAPH_OWNERSHIP_INVALID: i32 = -1;
 }
 pub mod CUgraphConditionalNodeType_enum {
     pub const CU_GRAPH_COND_TYPE_IF: u32 = 0;
@@ -644,6 +687,8 @@ pub mod CUgraphDebugDot_flags_enum {
     pub const CU_GRAPH_DEBUG_DOT_FLAGS_BATCH_MEM_OP_NODE_PARAMS: u32 = 8192;
     pub const CU_GRAPH_DEBUG_DOT_FLAGS_EXTRA_TOPO_INFO: u32 = 16384;
     pub const CU_GRAPH_DEBUG_DOT_FLAGS_CONDITIONAL_NODE_PARAMS: u32 = 32768;
+    pub const CU_GRAPH_DEBUG_DOT_FLAGS_MEMCPY_BATCH_NODE_PARAMS: u32 = 65536;
+    pub const CU_GRAPH_DEBUG_DOT_FLAGS_FABRIC_CPY_BATCH_NODE_PARAMS: u32 = 131072;
 }
 pub mod CUgraphDependencyType_enum {
     pub const CU_GRAPH_DEPENDENCY_TYPE_DEFAULT: u32 = 0;
@@ -695,6 +740,15 @@ pub mod CUgraphNodeType_enum {
     pub const CU_GRAPH_NODE_TYPE_MEM_FREE: u32 = 11;
     pub const CU_GRAPH_NODE_TYPE_BATCH_MEM_OP: u32 = 12;
     pub const CU_GRAPH_NODE_TYPE_CONDITIONAL: u32 = 13;
+    pub const CU_GRAPH_NODE_TYPE_MEMCPY_BATCH: u32 = 14;
+    pub const CU_GRAPH_NODE_TYPE_RESERVED_16: u32 = 16;
+    pub const CU_GRAPH_NODE_TYPE_EXTERNAL_ENGINE: u32 = 17;
+    pub const CU_GRAPH_NODE_TYPE_FABRIC_CPY_BATCH: u32 = 18;
+}
+pub mod CUgraphRecaptureStatus_enum {
+    pub const CU_GRAPH_RECAPTURE_ELIGIBLE_FOR_UPDATE: u32 = 0;
+    pub const CU_GRAPH_RECAPTURE_INELIGIBLE_FOR_UPDATE: u32 = 1;
+    pub const CU_GRAPH_RECAPTURE_ERROR: u32 = 2;
 }
 pub mod CUgraphicsMapResourceFlags_enum {
     pub const CU_GRAPHICS_MAP_RESOURCE_FLAGS_NONE: u32 = 0;
@@ -709,7 +763,12 @@ pub mod CUgraphicsRegisterFlags_enum {
     pub const CU_GRAPHICS_REGISTER_FLAGS_TEXTURE_GATHER: u32 = 8;
 }
 pub mod CUgreenCtxCreate_flags {
+    pub const CU_GREEN_CTX_NONE: u32 = 0;
     pub const CU_GREEN_CTX_DEFAULT_STREAM: u32 = 1;
+}
+pub mod CUhostTaskSyncMode_enum {
+    pub const CU_HOST_TASK_BLOCKING: u32 = 0;
+    pub const CU_HOST_TASK_SPINWAIT: u32 = 1;
 }
 pub mod CUipcMem_flags_enum {
     pub const CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS: u32 = 1;
@@ -793,17 +852,20 @@ pub mod CUjit_target_enum {
     pub const CU_TARGET_COMPUTE_100: u32 = 100;
     pub const CU_TARGET_COMPUTE_110: u32 = 110;
     pub const CU_TARGET_COMPUTE_103: u32 = 103;
+    pub const CU_TARGET_COMPUTE_107: u32 = 107;
     pub const CU_TARGET_COMPUTE_120: u32 = 120;
     pub const CU_TARGET_COMPUTE_121: u32 = 121;
     pub const CU_TARGET_COMPUTE_90A: u32 = 65626;
     pub const CU_TARGET_COMPUTE_100A: u32 = 65636;
     pub const CU_TARGET_COMPUTE_110A: u32 = 65646;
     pub const CU_TARGET_COMPUTE_103A: u32 = 65639;
+    pub const CU_TARGET_COMPUTE_107A: u32 = 65643;
     pub const CU_TARGET_COMPUTE_120A: u32 = 65656;
     pub const CU_TARGET_COMPUTE_121A: u32 = 65657;
     pub const CU_TARGET_COMPUTE_100F: u32 = 131172;
     pub const CU_TARGET_COMPUTE_110F: u32 = 131182;
     pub const CU_TARGET_COMPUTE_103F: u32 = 131175;
+    pub const CU_TARGET_COMPUTE_107F: u32 = 131179;
     pub const CU_TARGET_COMPUTE_120F: u32 = 131192;
     pub const CU_TARGET_COMPUTE_121F: u32 = 131193;
 }
@@ -824,7 +886,14 @@ pub mod CUlaunchAttributeID_enum {
     pub const CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE: u32 = 13;
     pub const CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT: u32 = 14;
     pub const CU_LAUNCH_ATTRIBUTE_NVLINK_UTIL_CENTRIC_SCHEDULING: u32 = 16;
-    pub const CU_LAUNCH_ATTRIBUTE_MAX: u32 = 17;
+    pub const CU_LAUNCH_ATTRIBUTE_PORTABLE_CLUSTER_SIZE_MODE: u32 = 17;
+    pub const CU_LAUNCH_ATTRIBUTE_SHARED_MEMORY_MODE: u32 = 18;
+    pub const CU_LAUNCH_ATTRIBUTE_MAX: u32 = 19;
+}
+pub mod CUlaunchAttributePortableClusterMode_enum {
+    pub const CU_LAUNCH_PORTABLE_CLUSTER_MODE_DEFAULT: u32 = 0;
+    pub const CU_LAUNCH_PORTABLE_CLUSTER_MODE_REQUIRE_PORTABLE: u32 = 1;
+    pub const CU_LAUNCH_PORTABLE_CLUSTER_MODE_ALLOW_NON_PORTABLE: u32 = 2;
 }
 pub mod CUlaunchMemSyncDomain_enum {
     pub const CU_LAUNCH_MEM_SYNC_DOMAIN_DEFAULT: u32 = 0;
@@ -846,11 +915,25 @@ pub mod CUlimit_enum {
     pub const CU_LIMIT_SHMEM_SIZE: u32 = 7;
     pub const CU_LIMIT_CIG_ENABLED: u32 = 8;
     pub const CU_LIMIT_CIG_SHMEM_FALLBACK_ENABLED: u32 = 9;
-    pub const CU_LIMIT_MAX: u32 = 10;
+    pub const CU_LIMIT_PER_BLOCK_MEMORY_SIZE: u32 = 10;
+    pub const CU_LIMIT_MAX: u32 = 11;
 }
 pub mod CUlogLevel_enum {
     pub const CU_LOG_LEVEL_ERROR: u32 = 0;
     pub const CU_LOG_LEVEL_WARNING: u32 = 1;
+}
+pub mod CUlogicalEndpointFlag_enum {
+    pub const CU_LOGICAL_ENDPOINT_FLAG_NONE: u32 = 0;
+    pub const CU_LOGICAL_ENDPOINT_FLAG_COUNTED_OPS: u32 = 1;
+}
+pub mod CUlogicalEndpointIpcHandleType_enum {
+    pub const CU_LOGICAL_ENDPOINT_IPC_HANDLE_TYPE_NONE: u32 = 0;
+    pub const CU_LOGICAL_ENDPOINT_IPC_HANDLE_TYPE_FABRIC: u32 = 1;
+}
+pub mod CUlogicalEndpointType_enum {
+    pub const CU_LOGICAL_ENDPOINT_TYPE_INVALID: u32 = 0;
+    pub const CU_LOGICAL_ENDPOINT_TYPE_UNICAST: u32 = 1;
+    pub const CU_LOGICAL_ENDPOINT_TYPE_MULTICAST: u32 = 2;
 }
 pub mod CUmemAccess_flags_enum {
     pub const CU_MEM_ACCESS_FLAGS_PROT_NONE: u32 = 0;
@@ -901,6 +984,8 @@ pub mod CUmemLocationType_enum {
     pub const CU_MEM_LOCATION_TYPE_HOST: u32 = 2;
     pub const CU_MEM_LOCATION_TYPE_HOST_NUMA: u32 = 3;
     pub const CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT: u32 = 4;
+    pub const CU_MEM_LOCATION_TYPE_INVISIBLE: u32 = 5;
+    pub const CU_MEM_LOCATION_TYPE_DEVICE_LOCALITY_DOMAIN: u32 = 6;
     pub const CU_MEM_LOCATION_TYPE_MAX: u32 = 2147483647;
 }
 pub mod CUmemOperationType_enum {
@@ -916,6 +1001,13 @@ pub mod CUmemPool_attribute_enum {
     pub const CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: u32 = 6;
     pub const CU_MEMPOOL_ATTR_USED_MEM_CURRENT: u32 = 7;
     pub const CU_MEMPOOL_ATTR_USED_MEM_HIGH: u32 = 8;
+    pub const CU_MEMPOOL_ATTR_ALLOCATION_TYPE: u32 = 9;
+    pub const CU_MEMPOOL_ATTR_EXPORT_HANDLE_TYPES: u32 = 10;
+    pub const CU_MEMPOOL_ATTR_LOCATION_ID: u32 = 11;
+    pub const CU_MEMPOOL_ATTR_LOCATION_TYPE: u32 = 12;
+    pub const CU_MEMPOOL_ATTR_MAX_POOL_SIZE: u32 = 13;
+    pub const CU_MEMPOOL_ATTR_HW_DECOMPRESS_ENABLED: u32 = 14;
+    pub const CU_MEMPOOL_ATTR_LOCALITY_DOMAIN_ID: u32 = 15;
 }
 pub mod CUmemRangeFlags_enum {
     pub const CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE: u32 = 1;
@@ -998,12 +1090,15 @@ pub mod CUpointer_attribute_enum {
     pub const CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR: u32 = 19;
     pub const CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID: u32 = 20;
     pub const CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE: u32 = 21;
+    pub const CU_POINTER_ATTRIBUTE_LOCALITY_DOMAIN_ORDINAL: u32 = 22;
 }
 pub mod CUprocessState_enum {
     pub const CU_PROCESS_STATE_RUNNING: u32 = 0;
     pub const CU_PROCESS_STATE_LOCKED: u32 = 1;
     pub const CU_PROCESS_STATE_CHECKPOINTED: u32 = 2;
     pub const CU_PROCESS_STATE_FAILED: u32 = 3;
+    pub const CU_PROCESS_STATE_CHECKPOINTING: u32 = 4;
+    pub const CU_PROCESS_STATE_RESTORING: u32 = 5;
 }
 pub mod CUptiResult {
     pub const CUPTI_SUCCESS: u32 = 0;
@@ -1057,6 +1152,17 @@ pub mod CUptiResult {
     pub const CUPTI_ERROR_UNKNOWN: u32 = 999;
     pub const CUPTI_ERROR_FORCE_INT: u32 = 2147483647;
 }
+pub mod CUpti_ActivityApiFieldIds {
+    pub const API_FIELD_KIND: u32 = 0;
+    pub const API_FIELD_CBID: u32 = 1;
+    pub const API_FIELD_START: u32 = 2;
+    pub const API_FIELD_END: u32 = 3;
+    pub const API_FIELD_PROCESS_ID: u32 = 4;
+    pub const API_FIELD_THREAD_ID: u32 = 5;
+    pub const API_FIELD_CORRELATION_ID: u32 = 6;
+    pub const API_FIELD_RETURN_VALUE: u32 = 7;
+    pub const API_FIELD_MAX: u32 = 8;
+}
 pub mod CUpti_ActivityAttribute {
     pub const CUPTI_ACTIVITY_ATTR_DEVICE_BUFFER_SIZE: u32 = 0;
     pub const CUPTI_ACTIVITY_ATTR_DEVICE_BUFFER_SIZE_CDP: u32 = 1;
@@ -1069,6 +1175,21 @@ pub mod CUpti_ActivityAttribute {
     pub const CUPTI_ACTIVITY_ATTR_MEM_ALLOCATION_TYPE_HOST_PINNED: u32 = 8;
     pub const CUPTI_ACTIVITY_ATTR_PER_THREAD_ACTIVITY_BUFFER: u32 = 9;
     pub const CUPTI_ACTIVITY_ATTR_DEVICE_BUFFER_SIZE_DEVICE_GRAPHS: u32 = 10;
+    pub const CUPTI_ACTIVITY_ATTR_USER_DEFINED_RECORDS: u32 = 11;
+    pub const CUPTI_ACTIVITY_ATTR_MULTIPLE_SUBSCRIBER_STATE: u32 = 12;
+    pub const CUPTI_ACTIVITY_ATTR_ENABLE_HES: u32 = 13;
+    pub const CUPTI_ACTIVITY_ATTR_ENABLE_ALLOCATION_SOURCE_TRACKING: u32 = 14;
+    pub const CUPTI_ACTIVITY_ATTR_ENABLE_KERNEL_LATENCY_TIMESTAMPS: u32 = 15;
+    pub const CUPTI_ACTIVITY_ATTR_ENABLE_ALL_SYNC_RECORDS: u32 = 16;
+    pub const CUPTI_ACTIVITY_ATTR_ENABLE_CUDA_EVENT_DEVICE_TIMESTAMPS: u32 = 17;
+    pub const CUPTI_ACTIVITY_ATTR_ENABLE_KERNEL_LAUNCH_ATTRIBUTES: u32 = 18;
+    pub const CUPTI_ACTIVITY_ATTR_ENABLE_DEVICE_GRAPH_TRACE: u32 = 19;
+    pub const CUPTI_ACTIVITY_ATTR_ENABLE_MULTI_SUBSCRIBER_GRAPH_TRACE: u32 = 20;
+    pub const CUPTI_ACTIVITY_ATTR_THREAD_ID_TYPE: u32 = 21;
+    pub const CUPTI_ACTIVITY_ATTR_TIMESTAMP_CALLBACK: u32 = 22;
+    pub const CUPTI_ACTIVITY_ATTR_ENABLE_CIG_MODE: u32 = 23;
+    pub const CUPTI_ACTIVITY_ATTR_HES_BUFFER_SIZE: u32 = 24;
+    pub const CUPTI_ACTIVITY_ATTR_COUNT: u32 = 25;
     pub const CUPTI_ACTIVITY_ATTR_DEVICE_BUFFER_FORCE_INT: u32 = 2147483647;
 }
 pub mod CUpti_ActivityComputeApiKind {
@@ -1076,6 +1197,112 @@ pub mod CUpti_ActivityComputeApiKind {
     pub const CUPTI_ACTIVITY_COMPUTE_API_CUDA: u32 = 1;
     pub const CUPTI_ACTIVITY_COMPUTE_API_CUDA_MPS: u32 = 2;
     pub const CUPTI_ACTIVITY_COMPUTE_API_FORCE_INT: u32 = 2147483647;
+}
+pub mod CUpti_ActivityComputeEngineCtxSwitchFieldIds {
+    pub const COMPUTE_ENGINE_CTX_SWITCH_FIELD_KIND: u32 = 0;
+    pub const COMPUTE_ENGINE_CTX_SWITCH_FIELD_CONTEXT_ID: u32 = 1;
+    pub const COMPUTE_ENGINE_CTX_SWITCH_FIELD_TIMESTAMP: u32 = 2;
+    pub const COMPUTE_ENGINE_CTX_SWITCH_FIELD_OPERATION_TYPE: u32 = 3;
+    pub const COMPUTE_ENGINE_CTX_SWITCH_FIELD_MAX: u32 = 4;
+}
+pub mod CUpti_ActivityConfidentialComputeRotationFieldIds {
+    pub const CONFIDENTIAL_COMPUTE_ROTATION_FIELD_KIND: u32 = 0;
+    pub const CONFIDENTIAL_COMPUTE_ROTATION_FIELD_EVENT_TYPE: u32 = 1;
+    pub const CONFIDENTIAL_COMPUTE_ROTATION_FIELD_DEVICE_ID: u32 = 2;
+    pub const CONFIDENTIAL_COMPUTE_ROTATION_FIELD_CONTEXT_ID: u32 = 3;
+    pub const CONFIDENTIAL_COMPUTE_ROTATION_FIELD_CHANNEL_ID: u32 = 4;
+    pub const CONFIDENTIAL_COMPUTE_ROTATION_FIELD_CHANNEL_TYPE: u32 = 5;
+    pub const CONFIDENTIAL_COMPUTE_ROTATION_FIELD_TIMESTAMP: u32 = 6;
+    pub const CONFIDENTIAL_COMPUTE_ROTATION_FIELD_MAX: u32 = 7;
+}
+pub mod CUpti_ActivityContextFieldIds {
+    pub const CONTEXT_FIELD_KIND: u32 = 0;
+    pub const CONTEXT_FIELD_CONTEXT_ID: u32 = 1;
+    pub const CONTEXT_FIELD_DEVICE_ID: u32 = 2;
+    pub const CONTEXT_FIELD_COMPUTE_API_KIND: u32 = 3;
+    pub const CONTEXT_FIELD_NULL_STREAM_ID: u32 = 4;
+    pub const CONTEXT_FIELD_PARENT_CONTEXT_ID: u32 = 5;
+    pub const CONTEXT_FIELD_IS_GREEN_CONTEXT: u32 = 6;
+    pub const CONTEXT_FIELD_NUM_MULTIPROCESSORS: u32 = 7;
+    pub const CONTEXT_FIELD_CIG_MODE: u32 = 8;
+    pub const CONTEXT_FIELD_PROCESS_ID: u32 = 9;
+    pub const CONTEXT_FIELD_MAX: u32 = 10;
+}
+pub mod CUpti_ActivityCudaEventFieldIds {
+    pub const CUDA_EVENT_FIELD_KIND: u32 = 0;
+    pub const CUDA_EVENT_FIELD_CORRELATION_ID: u32 = 1;
+    pub const CUDA_EVENT_FIELD_CONTEXT_ID: u32 = 2;
+    pub const CUDA_EVENT_FIELD_STREAM_ID: u32 = 3;
+    pub const CUDA_EVENT_FIELD_EVENT_ID: u32 = 4;
+    pub const CUDA_EVENT_FIELD_DEVICE_ID: u32 = 5;
+    pub const CUDA_EVENT_FIELD_DEVICE_TIMESTAMP: u32 = 6;
+    pub const CUDA_EVENT_FIELD_CUDA_EVENT_SYNC_ID: u32 = 7;
+    pub const CUDA_EVENT_FIELD_GRAPH_NODE_ID: u32 = 8;
+    pub const CUDA_EVENT_FIELD_GRAPH_ID: u32 = 9;
+    pub const CUDA_EVENT_FIELD_SOURCE_GRAPH_ID: u32 = 10;
+    pub const CUDA_EVENT_FIELD_SOURCE_GRAPH_NODE_ID: u32 = 11;
+    pub const CUDA_EVENT_FIELD_MAX: u32 = 12;
+}
+pub mod CUpti_ActivityDeviceFieldIds {
+    pub const DEVICE_FIELD_KIND: u32 = 0;
+    pub const DEVICE_FIELD_FLAGS: u32 = 1;
+    pub const DEVICE_FIELD_GLOBAL_MEMORY_BANDWIDTH: u32 = 2;
+    pub const DEVICE_FIELD_GLOBAL_MEMORY_SIZE: u32 = 3;
+    pub const DEVICE_FIELD_CONSTANT_MEMORY_SIZE: u32 = 4;
+    pub const DEVICE_FIELD_L2_CACHE_SIZE: u32 = 5;
+    pub const DEVICE_FIELD_NUM_THREADS_PER_WARP: u32 = 6;
+    pub const DEVICE_FIELD_CORE_CLOCK_RATE: u32 = 7;
+    pub const DEVICE_FIELD_NUM_MEMCPY_ENGINES: u32 = 8;
+    pub const DEVICE_FIELD_NUM_MULTIPROCESSORS: u32 = 9;
+    pub const DEVICE_FIELD_MAX_IPC: u32 = 10;
+    pub const DEVICE_FIELD_MAX_WARPS_PER_MULTIPROCESSOR: u32 = 11;
+    pub const DEVICE_FIELD_MAX_BLOCKS_PER_MULTIPROCESSOR: u32 = 12;
+    pub const DEVICE_FIELD_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR: u32 = 13;
+    pub const DEVICE_FIELD_MAX_REGISTERS_PER_MULTIPROCESSOR: u32 = 14;
+    pub const DEVICE_FIELD_MAX_REGISTERS_PER_BLOCK: u32 = 15;
+    pub const DEVICE_FIELD_MAX_SHARED_MEMORY_PER_BLOCK: u32 = 16;
+    pub const DEVICE_FIELD_MAX_THREADS_PER_BLOCK: u32 = 17;
+    pub const DEVICE_FIELD_MAX_BLOCK_DIM_X: u32 = 18;
+    pub const DEVICE_FIELD_MAX_BLOCK_DIM_Y: u32 = 19;
+    pub const DEVICE_FIELD_MAX_BLOCK_DIM_Z: u32 = 20;
+    pub const DEVICE_FIELD_MAX_GRID_DIM_X: u32 = 21;
+    pub const DEVICE_FIELD_MAX_GRID_DIM_Y: u32 = 22;
+    pub const DEVICE_FIELD_MAX_GRID_DIM_Z: u32 = 23;
+    pub const DEVICE_FIELD_COMPUTE_CAPABILITY_MAJOR: u32 = 24;
+    pub const DEVICE_FIELD_COMPUTE_CAPABILITY_MINOR: u32 = 25;
+    pub const DEVICE_FIELD_ID: u32 = 26;
+    pub const DEVICE_FIELD_ECC_ENABLED: u32 = 27;
+    pub const DEVICE_FIELD_UUID: u32 = 28;
+    pub const DEVICE_FIELD_NAME: u32 = 29;
+    pub const DEVICE_FIELD_IS_CUDA_VISIBLE: u32 = 30;
+    pub const DEVICE_FIELD_IS_MIG_ENABLED: u32 = 31;
+    pub const DEVICE_FIELD_GPU_INSTANCE_ID: u32 = 32;
+    pub const DEVICE_FIELD_COMPUTE_INSTANCE_ID: u32 = 33;
+    pub const DEVICE_FIELD_MIG_UUID: u32 = 34;
+    pub const DEVICE_FIELD_IS_NUMA_NODE: u32 = 35;
+    pub const DEVICE_FIELD_NUMA_ID: u32 = 36;
+    pub const DEVICE_FIELD_NUM_TPCS: u32 = 37;
+    pub const DEVICE_FIELD_MAX: u32 = 38;
+}
+pub mod CUpti_ActivityDeviceGraphTraceFieldIds {
+    pub const DEVICE_GRAPH_TRACE_FIELD_KIND: u32 = 0;
+    pub const DEVICE_GRAPH_TRACE_FIELD_DEVICE_ID: u32 = 1;
+    pub const DEVICE_GRAPH_TRACE_FIELD_START: u32 = 2;
+    pub const DEVICE_GRAPH_TRACE_FIELD_END: u32 = 3;
+    pub const DEVICE_GRAPH_TRACE_FIELD_GRAPH_ID: u32 = 4;
+    pub const DEVICE_GRAPH_TRACE_FIELD_LAUNCHER_GRAPH_ID: u32 = 5;
+    pub const DEVICE_GRAPH_TRACE_FIELD_DEVICE_LAUNCH_MODE: u32 = 6;
+    pub const DEVICE_GRAPH_TRACE_FIELD_CONTEXT_ID: u32 = 7;
+    pub const DEVICE_GRAPH_TRACE_FIELD_STREAM_ID: u32 = 8;
+    pub const DEVICE_GRAPH_TRACE_FIELD_MAX: u32 = 9;
+}
+pub mod CUpti_ActivityEnvironmentFieldIds {
+    pub const ENVIRONMENT_FIELD_KIND: u32 = 0;
+    pub const ENVIRONMENT_FIELD_DEVICE_ID: u32 = 1;
+    pub const ENVIRONMENT_FIELD_TIMESTAMP: u32 = 2;
+    pub const ENVIRONMENT_FIELD_ENVIRONMENT_KIND: u32 = 3;
+    pub const ENVIRONMENT_FIELD_ENVIRONMENT_KIND_DATA: u32 = 4;
+    pub const ENVIRONMENT_FIELD_MAX: u32 = 5;
 }
 pub mod CUpti_ActivityEnvironmentKind {
     pub const CUPTI_ACTIVITY_ENVIRONMENT_UNKNOWN: u32 = 0;
@@ -1085,6 +1312,13 @@ pub mod CUpti_ActivityEnvironmentKind {
     pub const CUPTI_ACTIVITY_ENVIRONMENT_COOLING: u32 = 4;
     pub const CUPTI_ACTIVITY_ENVIRONMENT_COUNT: u32 = 5;
     pub const CUPTI_ACTIVITY_ENVIRONMENT_KIND_FORCE_INT: u32 = 2147483647;
+}
+pub mod CUpti_ActivityExternalCorrelationFieldIds {
+    pub const EXTERNAL_CORRELATION_FIELD_KIND: u32 = 0;
+    pub const EXTERNAL_CORRELATION_FIELD_EXTERNAL_KIND: u32 = 1;
+    pub const EXTERNAL_CORRELATION_FIELD_EXTERNAL_ID: u32 = 2;
+    pub const EXTERNAL_CORRELATION_FIELD_CORRELATION_ID: u32 = 3;
+    pub const EXTERNAL_CORRELATION_FIELD_MAX: u32 = 4;
 }
 pub mod CUpti_ActivityFlag {
     pub const CUPTI_ACTIVITY_FLAG_NONE: u32 = 0;
@@ -1114,6 +1348,61 @@ pub mod CUpti_ActivityFlag {
     pub const CUPTI_ACTIVITY_FLAG_THRASHING_IN_CPU: u32 = 1;
     pub const CUPTI_ACTIVITY_FLAG_THROTTLING_IN_CPU: u32 = 1;
     pub const CUPTI_ACTIVITY_FLAG_FORCE_INT: u32 = 2147483647;
+}
+pub mod CUpti_ActivityGraphHostNodeFieldIds {
+    pub const GRAPH_HOST_NODE_FIELD_KIND: u32 = 0;
+    pub const GRAPH_HOST_NODE_FIELD_STREAM_ID: u32 = 1;
+    pub const GRAPH_HOST_NODE_FIELD_CONTEXT_ID: u32 = 2;
+    pub const GRAPH_HOST_NODE_FIELD_DEVICE_ID: u32 = 3;
+    pub const GRAPH_HOST_NODE_FIELD_CORRELATION_ID: u32 = 4;
+    pub const GRAPH_HOST_NODE_FIELD_GRAPH_ID: u32 = 5;
+    pub const GRAPH_HOST_NODE_FIELD_GRAPH_NODE_ID: u32 = 6;
+    pub const GRAPH_HOST_NODE_FIELD_PROCESS_ID: u32 = 7;
+    pub const GRAPH_HOST_NODE_FIELD_THREAD_ID: u32 = 8;
+    pub const GRAPH_HOST_NODE_FIELD_START: u32 = 9;
+    pub const GRAPH_HOST_NODE_FIELD_END: u32 = 10;
+    pub const GRAPH_HOST_NODE_FIELD_MAX: u32 = 11;
+}
+pub mod CUpti_ActivityGraphTraceFieldIds {
+    pub const GRAPH_TRACE_FIELD_KIND: u32 = 0;
+    pub const GRAPH_TRACE_FIELD_CORRELATION_ID: u32 = 1;
+    pub const GRAPH_TRACE_FIELD_START: u32 = 2;
+    pub const GRAPH_TRACE_FIELD_END: u32 = 3;
+    pub const GRAPH_TRACE_FIELD_DEVICE_ID: u32 = 4;
+    pub const GRAPH_TRACE_FIELD_GRAPH_ID: u32 = 5;
+    pub const GRAPH_TRACE_FIELD_CONTEXT_ID: u32 = 6;
+    pub const GRAPH_TRACE_FIELD_STREAM_ID: u32 = 7;
+    pub const GRAPH_TRACE_FIELD_END_DEVICE_ID: u32 = 8;
+    pub const GRAPH_TRACE_FIELD_END_CONTEXT_ID: u32 = 9;
+    pub const GRAPH_TRACE_FIELD_MAX: u32 = 10;
+}
+pub mod CUpti_ActivityGreenContextFieldIds {
+    pub const GREEN_CONTEXT_FIELD_KIND: u32 = 0;
+    pub const GREEN_CONTEXT_FIELD_CONTEXT_ID: u32 = 1;
+    pub const GREEN_CONTEXT_FIELD_PARENT_CONTEXT_ID: u32 = 2;
+    pub const GREEN_CONTEXT_FIELD_DEVICE_ID: u32 = 3;
+    pub const GREEN_CONTEXT_FIELD_NUM_MULTIPROCESSORS: u32 = 4;
+    pub const GREEN_CONTEXT_FIELD_NUM_TPCS: u32 = 5;
+    pub const GREEN_CONTEXT_FIELD_LOGICAL_TPC_MASK_SIZE: u32 = 6;
+    pub const GREEN_CONTEXT_FIELD_LOGICAL_TPC_MASK: u32 = 7;
+    pub const GREEN_CONTEXT_FIELD_WORKQUEUE_RESOURCE_ID: u32 = 8;
+    pub const GREEN_CONTEXT_FIELD_WORKQUEUE_CONCURRENCY_LIMIT: u32 = 9;
+    pub const GREEN_CONTEXT_FIELD_WORKQUEUE_SHARING_SCOPE: u32 = 10;
+    pub const GREEN_CONTEXT_FIELD_WORKQUEUE_CHANNEL_COUNT: u32 = 11;
+    pub const GREEN_CONTEXT_FIELD_WORKQUEUE_CHANNEL_IDS: u32 = 12;
+    pub const GREEN_CONTEXT_FIELD_MAX: u32 = 13;
+}
+pub mod CUpti_ActivityHostLaunchFieldIds {
+    pub const HOST_LAUNCH_FIELD_KIND: u32 = 0;
+    pub const HOST_LAUNCH_FIELD_STREAM_ID: u32 = 1;
+    pub const HOST_LAUNCH_FIELD_CONTEXT_ID: u32 = 2;
+    pub const HOST_LAUNCH_FIELD_DEVICE_ID: u32 = 3;
+    pub const HOST_LAUNCH_FIELD_CORRELATION_ID: u32 = 4;
+    pub const HOST_LAUNCH_FIELD_PROCESS_ID: u32 = 5;
+    pub const HOST_LAUNCH_FIELD_THREAD_ID: u32 = 6;
+    pub const HOST_LAUNCH_FIELD_START: u32 = 7;
+    pub const HOST_LAUNCH_FIELD_END: u32 = 8;
+    pub const HOST_LAUNCH_FIELD_MAX: u32 = 9;
 }
 pub mod CUpti_ActivityInstructionClass {
     pub const CUPTI_ACTIVITY_INSTRUCTION_CLASS_UNKNOWN: u32 = 0;
@@ -1145,12 +1434,79 @@ pub mod CUpti_ActivityJitEntryType {
     pub const CUPTI_ACTIVITY_JIT_ENTRY_NVVM_IR_TO_PTX: u32 = 2;
     pub const CUPTI_ACTIVITY_JIT_ENTRY_TYPE_FORCE_INT: u32 = 2147483647;
 }
+pub mod CUpti_ActivityJitFieldIds {
+    pub const JIT_FIELD_KIND: u32 = 0;
+    pub const JIT_FIELD_ENTRY_TYPE: u32 = 1;
+    pub const JIT_FIELD_OPERATION_TYPE: u32 = 2;
+    pub const JIT_FIELD_DEVICE_ID: u32 = 3;
+    pub const JIT_FIELD_START: u32 = 4;
+    pub const JIT_FIELD_END: u32 = 5;
+    pub const JIT_FIELD_CORRELATION_ID: u32 = 6;
+    pub const JIT_FIELD_OPERATION_CORRELATION_ID: u32 = 7;
+    pub const JIT_FIELD_CACHE_SIZE: u32 = 8;
+    pub const JIT_FIELD_CACHE_PATH: u32 = 9;
+    pub const JIT_FIELD_PROCESS_ID: u32 = 10;
+    pub const JIT_FIELD_THREAD_ID: u32 = 11;
+    pub const JIT_FIELD_MAX: u32 = 12;
+}
 pub mod CUpti_ActivityJitOperationType {
     pub const CUPTI_ACTIVITY_JIT_OPERATION_INVALID: u32 = 0;
     pub const CUPTI_ACTIVITY_JIT_OPERATION_CACHE_LOAD: u32 = 1;
     pub const CUPTI_ACTIVITY_JIT_OPERATION_CACHE_STORE: u32 = 2;
     pub const CUPTI_ACTIVITY_JIT_OPERATION_COMPILE: u32 = 3;
     pub const CUPTI_ACTIVITY_JIT_OPERATION_TYPE_FORCE_INT: u32 = 2147483647;
+}
+pub mod CUpti_ActivityKernelFieldIds {
+    pub const KERNEL_FIELD_KIND: u32 = 0;
+    pub const KERNEL_FIELD_CACHE_CONFIG_REQUESTED: u32 = 1;
+    pub const KERNEL_FIELD_CACHE_CONFIG_EXECUTED: u32 = 2;
+    pub const KERNEL_FIELD_SHARED_MEMORY_CONFIG: u32 = 3;
+    pub const KERNEL_FIELD_REGISTERS_PER_THREAD: u32 = 4;
+    pub const KERNEL_FIELD_PARTITIONED_GLOBAL_CACHE_REQUESTED: u32 = 5;
+    pub const KERNEL_FIELD_PARTITIONED_GLOBAL_CACHE_EXECUTED: u32 = 6;
+    pub const KERNEL_FIELD_START: u32 = 7;
+    pub const KERNEL_FIELD_END: u32 = 8;
+    pub const KERNEL_FIELD_COMPLETED: u32 = 9;
+    pub const KERNEL_FIELD_DEVICE_ID: u32 = 10;
+    pub const KERNEL_FIELD_CONTEXT_ID: u32 = 11;
+    pub const KERNEL_FIELD_STREAM_ID: u32 = 12;
+    pub const KERNEL_FIELD_GRID_X: u32 = 13;
+    pub const KERNEL_FIELD_GRID_Y: u32 = 14;
+    pub const KERNEL_FIELD_GRID_Z: u32 = 15;
+    pub const KERNEL_FIELD_BLOCK_X: u32 = 16;
+    pub const KERNEL_FIELD_BLOCK_Y: u32 = 17;
+    pub const KERNEL_FIELD_BLOCK_Z: u32 = 18;
+    pub const KERNEL_FIELD_STATIC_SHARED_MEMORY: u32 = 19;
+    pub const KERNEL_FIELD_DYNAMIC_SHARED_MEMORY: u32 = 20;
+    pub const KERNEL_FIELD_LOCAL_MEMORY_PER_THREAD: u32 = 21;
+    pub const KERNEL_FIELD_CORRELATION_ID: u32 = 22;
+    pub const KERNEL_FIELD_GRID_ID: u32 = 23;
+    pub const KERNEL_FIELD_NAME: u32 = 24;
+    pub const KERNEL_FIELD_QUEUED: u32 = 25;
+    pub const KERNEL_FIELD_SUBMITTED: u32 = 26;
+    pub const KERNEL_FIELD_LAUNCH_TYPE: u32 = 27;
+    pub const KERNEL_FIELD_IS_SHARED_MEMORY_CARVEOUT_REQUESTED: u32 = 28;
+    pub const KERNEL_FIELD_SHARED_MEMORY_CARVEOUT_REQUESTED: u32 = 29;
+    pub const KERNEL_FIELD_SHARED_MEMORY_EXECUTED: u32 = 30;
+    pub const KERNEL_FIELD_GRAPH_NODE_ID: u32 = 31;
+    pub const KERNEL_FIELD_SHMEM_LIMIT_CONFIG: u32 = 32;
+    pub const KERNEL_FIELD_GRAPH_ID: u32 = 33;
+    pub const KERNEL_FIELD_ACCESS_POLICY_WINDOW: u32 = 34;
+    pub const KERNEL_FIELD_CHANNEL_ID: u32 = 35;
+    pub const KERNEL_FIELD_CHANNEL_TYPE: u32 = 36;
+    pub const KERNEL_FIELD_CLUSTER_X: u32 = 37;
+    pub const KERNEL_FIELD_CLUSTER_Y: u32 = 38;
+    pub const KERNEL_FIELD_CLUSTER_Z: u32 = 39;
+    pub const KERNEL_FIELD_CLUSTER_SCHEDULING_POLICY: u32 = 40;
+    pub const KERNEL_FIELD_LOCAL_MEMORY_TOTAL: u32 = 41;
+    pub const KERNEL_FIELD_MAX_POTENTIAL_CLUSTER_SIZE: u32 = 42;
+    pub const KERNEL_FIELD_MAX_ACTIVE_CLUSTERS: u32 = 43;
+    pub const KERNEL_FIELD_IS_DEVICE_LAUNCHED: u32 = 44;
+    pub const KERNEL_FIELD_LAUNCH_PRIORITY: u32 = 45;
+    pub const KERNEL_FIELD_EXECUTION_MODEL: u32 = 46;
+    pub const KERNEL_FIELD_SOURCE_GRAPH_ID: u32 = 47;
+    pub const KERNEL_FIELD_SOURCE_GRAPH_NODE_ID: u32 = 48;
+    pub const KERNEL_FIELD_MAX: u32 = 49;
 }
 pub mod CUpti_ActivityKind {
     pub const CUPTI_ACTIVITY_KIND_INVALID: u32 = 0;
@@ -1212,7 +1568,8 @@ pub mod CUpti_ActivityKind {
     pub const CUPTI_ACTIVITY_KIND_GRAPH_HOST_NODE: u32 = 56;
     pub const CUPTI_ACTIVITY_KIND_COMPUTE_ENGINE_CTX_SWITCH: u32 = 57;
     pub const CUPTI_ACTIVITY_KIND_HOST_LAUNCH: u32 = 58;
-    pub const CUPTI_ACTIVITY_KIND_COUNT: u32 = 59;
+    pub const CUPTI_ACTIVITY_KIND_GREEN_CONTEXT: u32 = 59;
+    pub const CUPTI_ACTIVITY_KIND_COUNT: u32 = 60;
     pub const CUPTI_ACTIVITY_KIND_FORCE_INT: u32 = 2147483647;
 }
 pub mod CUpti_ActivityLaunchType {
@@ -1220,6 +1577,88 @@ pub mod CUpti_ActivityLaunchType {
     pub const CUPTI_ACTIVITY_LAUNCH_TYPE_COOPERATIVE_SINGLE_DEVICE: u32 = 1;
     pub const CUPTI_ACTIVITY_LAUNCH_TYPE_COOPERATIVE_MULTI_DEVICE: u32 = 2;
     pub const CUPTI_ACTIVITY_LAUNCH_TYPE_CBL_COMMANDLIST: u32 = 3;
+}
+pub mod CUpti_ActivityMarkerDataFieldIds {
+    pub const MARKER_DATA_FIELD_KIND: u32 = 0;
+    pub const MARKER_DATA_FIELD_FLAGS: u32 = 1;
+    pub const MARKER_DATA_FIELD_ID: u32 = 2;
+    pub const MARKER_DATA_FIELD_PAYLOAD_KIND: u32 = 3;
+    pub const MARKER_DATA_FIELD_PAYLOAD: u32 = 4;
+    pub const MARKER_DATA_FIELD_COLOR: u32 = 5;
+    pub const MARKER_DATA_FIELD_CATEGORY: u32 = 6;
+    pub const MARKER_DATA_FIELD_CUPTI_DOMAIN_ID: u32 = 7;
+    pub const MARKER_DATA_FIELD_MAX: u32 = 8;
+}
+pub mod CUpti_ActivityMarkerFieldIds {
+    pub const MARKER_FIELD_KIND: u32 = 0;
+    pub const MARKER_FIELD_FLAGS: u32 = 1;
+    pub const MARKER_FIELD_TIMESTAMP: u32 = 2;
+    pub const MARKER_FIELD_ID: u32 = 3;
+    pub const MARKER_FIELD_PROCESS_ID: u32 = 4;
+    pub const MARKER_FIELD_THREAD_ID: u32 = 5;
+    pub const MARKER_FIELD_NAME: u32 = 6;
+    pub const MARKER_FIELD_DOMAIN: u32 = 7;
+    pub const MARKER_FIELD_MAX: u32 = 8;
+}
+pub mod CUpti_ActivityMemDecompressFieldIds {
+    pub const MEM_DECOMPRESS_FIELD_KIND: u32 = 0;
+    pub const MEM_DECOMPRESS_FIELD_DEVICE_ID: u32 = 1;
+    pub const MEM_DECOMPRESS_FIELD_CONTEXT_ID: u32 = 2;
+    pub const MEM_DECOMPRESS_FIELD_STREAM_ID: u32 = 3;
+    pub const MEM_DECOMPRESS_FIELD_CHANNEL_ID: u32 = 4;
+    pub const MEM_DECOMPRESS_FIELD_CHANNEL_TYPE: u32 = 5;
+    pub const MEM_DECOMPRESS_FIELD_CORRELATION_ID: u32 = 6;
+    pub const MEM_DECOMPRESS_FIELD_NUMBER_OF_OPERATIONS: u32 = 7;
+    pub const MEM_DECOMPRESS_FIELD_SOURCE_BYTES: u32 = 8;
+    pub const MEM_DECOMPRESS_FIELD_START: u32 = 9;
+    pub const MEM_DECOMPRESS_FIELD_END: u32 = 10;
+    pub const MEM_DECOMPRESS_FIELD_MAX: u32 = 11;
+}
+pub mod CUpti_ActivityMemcpy2FieldIds {
+    pub const MEMCPY2_FIELD_KIND: u32 = 0;
+    pub const MEMCPY2_FIELD_COPY_KIND: u32 = 1;
+    pub const MEMCPY2_FIELD_SRC_KIND: u32 = 2;
+    pub const MEMCPY2_FIELD_DST_KIND: u32 = 3;
+    pub const MEMCPY2_FIELD_FLAGS: u32 = 4;
+    pub const MEMCPY2_FIELD_BYTES: u32 = 5;
+    pub const MEMCPY2_FIELD_START: u32 = 6;
+    pub const MEMCPY2_FIELD_END: u32 = 7;
+    pub const MEMCPY2_FIELD_DEVICE_ID: u32 = 8;
+    pub const MEMCPY2_FIELD_CONTEXT_ID: u32 = 9;
+    pub const MEMCPY2_FIELD_STREAM_ID: u32 = 10;
+    pub const MEMCPY2_FIELD_SRC_DEVICE_ID: u32 = 11;
+    pub const MEMCPY2_FIELD_SRC_CONTEXT_ID: u32 = 12;
+    pub const MEMCPY2_FIELD_DST_DEVICE_ID: u32 = 13;
+    pub const MEMCPY2_FIELD_DST_CONTEXT_ID: u32 = 14;
+    pub const MEMCPY2_FIELD_CORRELATION_ID: u32 = 15;
+    pub const MEMCPY2_FIELD_GRAPH_NODE_ID: u32 = 16;
+    pub const MEMCPY2_FIELD_GRAPH_ID: u32 = 17;
+    pub const MEMCPY2_FIELD_CHANNEL_ID: u32 = 18;
+    pub const MEMCPY2_FIELD_CHANNEL_TYPE: u32 = 19;
+    pub const MEMCPY2_FIELD_MAX: u32 = 20;
+}
+pub mod CUpti_ActivityMemcpyFieldIds {
+    pub const MEMCPY_FIELD_KIND: u32 = 0;
+    pub const MEMCPY_FIELD_COPY_KIND: u32 = 1;
+    pub const MEMCPY_FIELD_SRC_KIND: u32 = 2;
+    pub const MEMCPY_FIELD_DST_KIND: u32 = 3;
+    pub const MEMCPY_FIELD_FLAGS: u32 = 4;
+    pub const MEMCPY_FIELD_BYTES: u32 = 5;
+    pub const MEMCPY_FIELD_START: u32 = 6;
+    pub const MEMCPY_FIELD_END: u32 = 7;
+    pub const MEMCPY_FIELD_DEVICE_ID: u32 = 8;
+    pub const MEMCPY_FIELD_CONTEXT_ID: u32 = 9;
+    pub const MEMCPY_FIELD_STREAM_ID: u32 = 10;
+    pub const MEMCPY_FIELD_CORRELATION_ID: u32 = 11;
+    pub const MEMCPY_FIELD_GRAPH_NODE_ID: u32 = 12;
+    pub const MEMCPY_FIELD_GRAPH_ID: u32 = 13;
+    pub const MEMCPY_FIELD_CHANNEL_ID: u32 = 14;
+    pub const MEMCPY_FIELD_CHANNEL_TYPE: u32 = 15;
+    pub const MEMCPY_FIELD_IS_DEVICE_LAUNCHED: u32 = 16;
+    pub const MEMCPY_FIELD_COPY_COUNT: u32 = 17;
+    pub const MEMCPY_FIELD_SOURCE_GRAPH_ID: u32 = 18;
+    pub const MEMCPY_FIELD_SOURCE_GRAPH_NODE_ID: u32 = 19;
+    pub const MEMCPY_FIELD_MAX: u32 = 20;
 }
 pub mod CUpti_ActivityMemcpyKind {
     pub const CUPTI_ACTIVITY_MEMCPY_KIND_UNKNOWN: u32 = 0;
@@ -1234,6 +1673,28 @@ pub mod CUpti_ActivityMemcpyKind {
     pub const CUPTI_ACTIVITY_MEMCPY_KIND_HTOH: u32 = 9;
     pub const CUPTI_ACTIVITY_MEMCPY_KIND_PTOP: u32 = 10;
     pub const CUPTI_ACTIVITY_MEMCPY_KIND_FORCE_INT: u32 = 2147483647;
+}
+pub mod CUpti_ActivityMemoryFieldIds {
+    pub const MEMORY_FIELD_KIND: u32 = 0;
+    pub const MEMORY_FIELD_OPERATION_TYPE: u32 = 1;
+    pub const MEMORY_FIELD_MEMORY_KIND: u32 = 2;
+    pub const MEMORY_FIELD_CORRELATION_ID: u32 = 3;
+    pub const MEMORY_FIELD_ADDRESS: u32 = 4;
+    pub const MEMORY_FIELD_BYTES: u32 = 5;
+    pub const MEMORY_FIELD_TIMESTAMP: u32 = 6;
+    pub const MEMORY_FIELD_PROCESS_ID: u32 = 7;
+    pub const MEMORY_FIELD_DEVICE_ID: u32 = 8;
+    pub const MEMORY_FIELD_CONTEXT_ID: u32 = 9;
+    pub const MEMORY_FIELD_STREAM_ID: u32 = 10;
+    pub const MEMORY_FIELD_IS_ASYNC: u32 = 11;
+    pub const MEMORY_FIELD_POOL_TYPE: u32 = 12;
+    pub const MEMORY_FIELD_POOL_ADDRESS: u32 = 13;
+    pub const MEMORY_FIELD_POOL_RELEASE_THRESHOLD: u32 = 14;
+    pub const MEMORY_FIELD_POOL_SIZE: u32 = 15;
+    pub const MEMORY_FIELD_POOL_PROCESS_ID: u32 = 16;
+    pub const MEMORY_FIELD_POOL_UTILIZED_SIZE: u32 = 17;
+    pub const MEMORY_FIELD_SOURCE: u32 = 18;
+    pub const MEMORY_FIELD_MAX: u32 = 19;
 }
 pub mod CUpti_ActivityMemoryKind {
     pub const CUPTI_ACTIVITY_MEMORY_KIND_UNKNOWN: u32 = 0;
@@ -1252,6 +1713,22 @@ pub mod CUpti_ActivityMemoryOperationType {
     pub const CUPTI_ACTIVITY_MEMORY_OPERATION_TYPE_RELEASE: u32 = 2;
     pub const CUPTI_ACTIVITY_MEMORY_OPERATION_TYPE_FORCE_INT: u32 = 2147483647;
 }
+pub mod CUpti_ActivityMemoryPoolFieldIds {
+    pub const MEMORY_POOL_FIELD_KIND: u32 = 0;
+    pub const MEMORY_POOL_FIELD_OPERATION_TYPE: u32 = 1;
+    pub const MEMORY_POOL_FIELD_POOL_TYPE: u32 = 2;
+    pub const MEMORY_POOL_FIELD_CORRELATION_ID: u32 = 3;
+    pub const MEMORY_POOL_FIELD_PROCESS_ID: u32 = 4;
+    pub const MEMORY_POOL_FIELD_DEVICE_ID: u32 = 5;
+    pub const MEMORY_POOL_FIELD_MIN_BYTES_TO_KEEP: u32 = 6;
+    pub const MEMORY_POOL_FIELD_ADDRESS: u32 = 7;
+    pub const MEMORY_POOL_FIELD_SIZE: u32 = 8;
+    pub const MEMORY_POOL_FIELD_RELEASE_THRESHOLD: u32 = 9;
+    pub const MEMORY_POOL_FIELD_TIMESTAMP: u32 = 10;
+    pub const MEMORY_POOL_FIELD_UTILIZED_SIZE: u32 = 11;
+    pub const MEMORY_POOL_FIELD_IS_MANAGED_POOL: u32 = 12;
+    pub const MEMORY_POOL_FIELD_MAX: u32 = 13;
+}
 pub mod CUpti_ActivityMemoryPoolOperationType {
     pub const CUPTI_ACTIVITY_MEMORY_POOL_OPERATION_TYPE_INVALID: u32 = 0;
     pub const CUPTI_ACTIVITY_MEMORY_POOL_OPERATION_TYPE_CREATED: u32 = 1;
@@ -1265,6 +1742,49 @@ pub mod CUpti_ActivityMemoryPoolType {
     pub const CUPTI_ACTIVITY_MEMORY_POOL_TYPE_IMPORTED: u32 = 2;
     pub const CUPTI_ACTIVITY_MEMORY_POOL_TYPE_FORCE_INT: u32 = 2147483647;
 }
+pub mod CUpti_ActivityMemsetFieldIds {
+    pub const MEMSET_FIELD_KIND: u32 = 0;
+    pub const MEMSET_FIELD_VALUE: u32 = 1;
+    pub const MEMSET_FIELD_BYTES: u32 = 2;
+    pub const MEMSET_FIELD_START: u32 = 3;
+    pub const MEMSET_FIELD_END: u32 = 4;
+    pub const MEMSET_FIELD_DEVICE_ID: u32 = 5;
+    pub const MEMSET_FIELD_CONTEXT_ID: u32 = 6;
+    pub const MEMSET_FIELD_STREAM_ID: u32 = 7;
+    pub const MEMSET_FIELD_CORRELATION_ID: u32 = 8;
+    pub const MEMSET_FIELD_FLAGS: u32 = 9;
+    pub const MEMSET_FIELD_MEMORY_KIND: u32 = 10;
+    pub const MEMSET_FIELD_GRAPH_NODE_ID: u32 = 11;
+    pub const MEMSET_FIELD_GRAPH_ID: u32 = 12;
+    pub const MEMSET_FIELD_CHANNEL_ID: u32 = 13;
+    pub const MEMSET_FIELD_CHANNEL_TYPE: u32 = 14;
+    pub const MEMSET_FIELD_IS_DEVICE_LAUNCHED: u32 = 15;
+    pub const MEMSET_FIELD_SOURCE_GRAPH_ID: u32 = 16;
+    pub const MEMSET_FIELD_SOURCE_GRAPH_NODE_ID: u32 = 17;
+    pub const MEMSET_FIELD_MAX: u32 = 18;
+}
+pub mod CUpti_ActivityNameFieldIds {
+    pub const NAME_FIELD_KIND: u32 = 0;
+    pub const NAME_FIELD_OBJECT_KIND: u32 = 1;
+    pub const NAME_FIELD_OBJECT_ID: u32 = 2;
+    pub const NAME_FIELD_NAME: u32 = 3;
+    pub const NAME_FIELD_MAX: u32 = 4;
+}
+pub mod CUpti_ActivityNvLinkFieldIds {
+    pub const NVLINK_FIELD_KIND: u32 = 0;
+    pub const NVLINK_FIELD_NVLINK_VERSION: u32 = 1;
+    pub const NVLINK_FIELD_TYPE_DEV0: u32 = 2;
+    pub const NVLINK_FIELD_TYPE_DEV1: u32 = 3;
+    pub const NVLINK_FIELD_ID_DEV0: u32 = 4;
+    pub const NVLINK_FIELD_ID_DEV1: u32 = 5;
+    pub const NVLINK_FIELD_FLAG: u32 = 6;
+    pub const NVLINK_FIELD_PHYSICAL_NVLINK_COUNT: u32 = 7;
+    pub const NVLINK_FIELD_PORT_DEV0: u32 = 8;
+    pub const NVLINK_FIELD_PORT_DEV1: u32 = 9;
+    pub const NVLINK_FIELD_BANDWIDTH: u32 = 10;
+    pub const NVLINK_FIELD_NVSWITCH_CONNECTED: u32 = 11;
+    pub const NVLINK_FIELD_MAX: u32 = 12;
+}
 pub mod CUpti_ActivityObjectKind {
     pub const CUPTI_ACTIVITY_OBJECT_UNKNOWN: u32 = 0;
     pub const CUPTI_ACTIVITY_OBJECT_PROCESS: u32 = 1;
@@ -1273,6 +1793,115 @@ pub mod CUpti_ActivityObjectKind {
     pub const CUPTI_ACTIVITY_OBJECT_CONTEXT: u32 = 4;
     pub const CUPTI_ACTIVITY_OBJECT_STREAM: u32 = 5;
     pub const CUPTI_ACTIVITY_OBJECT_FORCE_INT: u32 = 2147483647;
+}
+pub mod CUpti_ActivityOpenAccDataFieldIds {
+    pub const OPENACC_DATA_FIELD_KIND: u32 = 0;
+    pub const OPENACC_DATA_FIELD_EVENT_KIND: u32 = 1;
+    pub const OPENACC_DATA_FIELD_PARENT_CONSTRUCT: u32 = 2;
+    pub const OPENACC_DATA_FIELD_VERSION: u32 = 3;
+    pub const OPENACC_DATA_FIELD_IMPLICIT: u32 = 4;
+    pub const OPENACC_DATA_FIELD_DEVICE_TYPE: u32 = 5;
+    pub const OPENACC_DATA_FIELD_DEVICE_NUMBER: u32 = 6;
+    pub const OPENACC_DATA_FIELD_THREAD_ID: u32 = 7;
+    pub const OPENACC_DATA_FIELD_ASYNC: u32 = 8;
+    pub const OPENACC_DATA_FIELD_ASYNC_MAP: u32 = 9;
+    pub const OPENACC_DATA_FIELD_LINE_NO: u32 = 10;
+    pub const OPENACC_DATA_FIELD_END_LINE_NO: u32 = 11;
+    pub const OPENACC_DATA_FIELD_FUNC_LINE_NO: u32 = 12;
+    pub const OPENACC_DATA_FIELD_FUNC_END_LINE_NO: u32 = 13;
+    pub const OPENACC_DATA_FIELD_START: u32 = 14;
+    pub const OPENACC_DATA_FIELD_END: u32 = 15;
+    pub const OPENACC_DATA_FIELD_CU_DEVICE_ID: u32 = 16;
+    pub const OPENACC_DATA_FIELD_CU_CONTEXT_ID: u32 = 17;
+    pub const OPENACC_DATA_FIELD_CU_STREAM_ID: u32 = 18;
+    pub const OPENACC_DATA_FIELD_CU_PROCESS_ID: u32 = 19;
+    pub const OPENACC_DATA_FIELD_CU_THREAD_ID: u32 = 20;
+    pub const OPENACC_DATA_FIELD_EXTERNAL_ID: u32 = 21;
+    pub const OPENACC_DATA_FIELD_SRC_FILE: u32 = 22;
+    pub const OPENACC_DATA_FIELD_FUNC_NAME: u32 = 23;
+    pub const OPENACC_DATA_FIELD_BYTES: u32 = 24;
+    pub const OPENACC_DATA_FIELD_HOST_PTR: u32 = 25;
+    pub const OPENACC_DATA_FIELD_DEVICE_PTR: u32 = 26;
+    pub const OPENACC_DATA_FIELD_VAR_NAME: u32 = 27;
+    pub const OPENACC_DATA_FIELD_MAX: u32 = 28;
+}
+pub mod CUpti_ActivityOpenAccLaunchFieldIds {
+    pub const OPENACC_LAUNCH_FIELD_KIND: u32 = 0;
+    pub const OPENACC_LAUNCH_FIELD_EVENT_KIND: u32 = 1;
+    pub const OPENACC_LAUNCH_FIELD_PARENT_CONSTRUCT: u32 = 2;
+    pub const OPENACC_LAUNCH_FIELD_VERSION: u32 = 3;
+    pub const OPENACC_LAUNCH_FIELD_IMPLICIT: u32 = 4;
+    pub const OPENACC_LAUNCH_FIELD_DEVICE_TYPE: u32 = 5;
+    pub const OPENACC_LAUNCH_FIELD_DEVICE_NUMBER: u32 = 6;
+    pub const OPENACC_LAUNCH_FIELD_THREAD_ID: u32 = 7;
+    pub const OPENACC_LAUNCH_FIELD_ASYNC: u32 = 8;
+    pub const OPENACC_LAUNCH_FIELD_ASYNC_MAP: u32 = 9;
+    pub const OPENACC_LAUNCH_FIELD_LINE_NO: u32 = 10;
+    pub const OPENACC_LAUNCH_FIELD_END_LINE_NO: u32 = 11;
+    pub const OPENACC_LAUNCH_FIELD_FUNC_LINE_NO: u32 = 12;
+    pub const OPENACC_LAUNCH_FIELD_FUNC_END_LINE_NO: u32 = 13;
+    pub const OPENACC_LAUNCH_FIELD_START: u32 = 14;
+    pub const OPENACC_LAUNCH_FIELD_END: u32 = 15;
+    pub const OPENACC_LAUNCH_FIELD_CU_DEVICE_ID: u32 = 16;
+    pub const OPENACC_LAUNCH_FIELD_CU_CONTEXT_ID: u32 = 17;
+    pub const OPENACC_LAUNCH_FIELD_CU_STREAM_ID: u32 = 18;
+    pub const OPENACC_LAUNCH_FIELD_CU_PROCESS_ID: u32 = 19;
+    pub const OPENACC_LAUNCH_FIELD_CU_THREAD_ID: u32 = 20;
+    pub const OPENACC_LAUNCH_FIELD_EXTERNAL_ID: u32 = 21;
+    pub const OPENACC_LAUNCH_FIELD_SRC_FILE: u32 = 22;
+    pub const OPENACC_LAUNCH_FIELD_FUNC_NAME: u32 = 23;
+    pub const OPENACC_LAUNCH_FIELD_NUM_GANGS: u32 = 24;
+    pub const OPENACC_LAUNCH_FIELD_NUM_WORKERS: u32 = 25;
+    pub const OPENACC_LAUNCH_FIELD_VECTOR_LENGTH: u32 = 26;
+    pub const OPENACC_LAUNCH_FIELD_KERNEL_NAME: u32 = 27;
+    pub const OPENACC_LAUNCH_FIELD_MAX: u32 = 28;
+}
+pub mod CUpti_ActivityOpenAccOtherFieldIds {
+    pub const OPENACC_OTHER_FIELD_KIND: u32 = 0;
+    pub const OPENACC_OTHER_FIELD_EVENT_KIND: u32 = 1;
+    pub const OPENACC_OTHER_FIELD_PARENT_CONSTRUCT: u32 = 2;
+    pub const OPENACC_OTHER_FIELD_VERSION: u32 = 3;
+    pub const OPENACC_OTHER_FIELD_IMPLICIT: u32 = 4;
+    pub const OPENACC_OTHER_FIELD_DEVICE_TYPE: u32 = 5;
+    pub const OPENACC_OTHER_FIELD_DEVICE_NUMBER: u32 = 6;
+    pub const OPENACC_OTHER_FIELD_THREAD_ID: u32 = 7;
+    pub const OPENACC_OTHER_FIELD_ASYNC: u32 = 8;
+    pub const OPENACC_OTHER_FIELD_ASYNC_MAP: u32 = 9;
+    pub const OPENACC_OTHER_FIELD_LINE_NO: u32 = 10;
+    pub const OPENACC_OTHER_FIELD_END_LINE_NO: u32 = 11;
+    pub const OPENACC_OTHER_FIELD_FUNC_LINE_NO: u32 = 12;
+    pub const OPENACC_OTHER_FIELD_FUNC_END_LINE_NO: u32 = 13;
+    pub const OPENACC_OTHER_FIELD_START: u32 = 14;
+    pub const OPENACC_OTHER_FIELD_END: u32 = 15;
+    pub const OPENACC_OTHER_FIELD_CU_DEVICE_ID: u32 = 16;
+    pub const OPENACC_OTHER_FIELD_CU_CONTEXT_ID: u32 = 17;
+    pub const OPENACC_OTHER_FIELD_CU_STREAM_ID: u32 = 18;
+    pub const OPENACC_OTHER_FIELD_CU_PROCESS_ID: u32 = 19;
+    pub const OPENACC_OTHER_FIELD_CU_THREAD_ID: u32 = 20;
+    pub const OPENACC_OTHER_FIELD_EXTERNAL_ID: u32 = 21;
+    pub const OPENACC_OTHER_FIELD_SRC_FILE: u32 = 22;
+    pub const OPENACC_OTHER_FIELD_FUNC_NAME: u32 = 23;
+    pub const OPENACC_OTHER_FIELD_MAX: u32 = 24;
+}
+pub mod CUpti_ActivityOpenMpFieldIds {
+    pub const OPENMP_FIELD_KIND: u32 = 0;
+    pub const OPENMP_FIELD_EVENT_KIND: u32 = 1;
+    pub const OPENMP_FIELD_START: u32 = 2;
+    pub const OPENMP_FIELD_END: u32 = 3;
+    pub const OPENMP_FIELD_CU_THREAD_ID: u32 = 4;
+    pub const OPENMP_FIELD_CU_PROCESS_ID: u32 = 5;
+    pub const OPENMP_FIELD_MAX: u32 = 6;
+}
+pub mod CUpti_ActivityOverheadFieldIds {
+    pub const OVERHEAD_FIELD_KIND: u32 = 0;
+    pub const OVERHEAD_FIELD_OVERHEAD_KIND: u32 = 1;
+    pub const OVERHEAD_FIELD_PROCESS_ID: u32 = 2;
+    pub const OVERHEAD_FIELD_THREAD_ID: u32 = 3;
+    pub const OVERHEAD_FIELD_START: u32 = 4;
+    pub const OVERHEAD_FIELD_END: u32 = 5;
+    pub const OVERHEAD_FIELD_CORRELATION_ID: u32 = 6;
+    pub const OVERHEAD_FIELD_OVERHEAD_DATA: u32 = 7;
+    pub const OVERHEAD_FIELD_MAX: u32 = 8;
 }
 pub mod CUpti_ActivityOverheadKind {
     pub const CUPTI_ACTIVITY_OVERHEAD_UNKNOWN: u32 = 0;
@@ -1319,11 +1948,32 @@ pub mod CUpti_ActivityPartitionedGlobalCacheConfig {
     pub const CUPTI_ACTIVITY_PARTITIONED_GLOBAL_CACHE_CONFIG_ON: u32 = 3;
     pub const CUPTI_ACTIVITY_PARTITIONED_GLOBAL_CACHE_CONFIG_FORCE_INT: u32 = 2147483647;
 }
+pub mod CUpti_ActivityPcieFieldIds {
+    pub const PCIE_FIELD_KIND: u32 = 0;
+    pub const PCIE_FIELD_TYPE: u32 = 1;
+    pub const PCIE_FIELD_ID: u32 = 2;
+    pub const PCIE_FIELD_DOMAIN: u32 = 3;
+    pub const PCIE_FIELD_PCIE_GENERATION: u32 = 4;
+    pub const PCIE_FIELD_LINK_RATE: u32 = 5;
+    pub const PCIE_FIELD_LINK_WIDTH: u32 = 6;
+    pub const PCIE_FIELD_UPSTREAM_BUS: u32 = 7;
+    pub const PCIE_FIELD_ATTR: u32 = 8;
+    pub const PCIE_FIELD_MAX: u32 = 9;
+}
 pub mod CUpti_ActivityPreemptionKind {
     pub const CUPTI_ACTIVITY_PREEMPTION_KIND_UNKNOWN: u32 = 0;
     pub const CUPTI_ACTIVITY_PREEMPTION_KIND_SAVE: u32 = 1;
     pub const CUPTI_ACTIVITY_PREEMPTION_KIND_RESTORE: u32 = 2;
     pub const CUPTI_ACTIVITY_PREEMPTION_KIND_FORCE_INT: u32 = 2147483647;
+}
+pub mod CUpti_ActivityStreamFieldIds {
+    pub const STREAM_FIELD_KIND: u32 = 0;
+    pub const STREAM_FIELD_CONTEXT_ID: u32 = 1;
+    pub const STREAM_FIELD_STREAM_ID: u32 = 2;
+    pub const STREAM_FIELD_PRIORITY: u32 = 3;
+    pub const STREAM_FIELD_FLAG: u32 = 4;
+    pub const STREAM_FIELD_CORRELATION_ID: u32 = 5;
+    pub const STREAM_FIELD_MAX: u32 = 6;
 }
 pub mod CUpti_ActivityStreamFlag {
     pub const CUPTI_ACTIVITY_STREAM_CREATE_FLAG_UNKNOWN: u32 = 0;
@@ -1332,6 +1982,19 @@ pub mod CUpti_ActivityStreamFlag {
     pub const CUPTI_ACTIVITY_STREAM_CREATE_FLAG_NULL: u32 = 3;
     pub const CUPTI_ACTIVITY_STREAM_CREATE_MASK: u32 = 65535;
     pub const CUPTI_ACTIVITY_STREAM_CREATE_FLAG_FORCE_INT: u32 = 2147483647;
+}
+pub mod CUpti_ActivitySynchronizationFieldIds {
+    pub const SYNCHRONIZATION_FIELD_KIND: u32 = 0;
+    pub const SYNCHRONIZATION_FIELD_TYPE: u32 = 1;
+    pub const SYNCHRONIZATION_FIELD_START: u32 = 2;
+    pub const SYNCHRONIZATION_FIELD_END: u32 = 3;
+    pub const SYNCHRONIZATION_FIELD_CORRELATION_ID: u32 = 4;
+    pub const SYNCHRONIZATION_FIELD_CONTEXT_ID: u32 = 5;
+    pub const SYNCHRONIZATION_FIELD_STREAM_ID: u32 = 6;
+    pub const SYNCHRONIZATION_FIELD_CUDA_EVENT_ID: u32 = 7;
+    pub const SYNCHRONIZATION_FIELD_CUDA_EVENT_SYNC_ID: u32 = 8;
+    pub const SYNCHRONIZATION_FIELD_RETURN_VALUE: u32 = 9;
+    pub const SYNCHRONIZATION_FIELD_MAX: u32 = 10;
 }
 pub mod CUpti_ActivitySynchronizationType {
     pub const CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_UNKNOWN: u32 = 0;
@@ -1390,6 +2053,21 @@ pub mod CUpti_ActivityUnifiedMemoryRemoteMapCause {
     pub const CUPTI_ACTIVITY_UNIFIED_MEMORY_REMOTE_MAP_CAUSE_OUT_OF_MEMORY: u32 = 4;
     pub const CUPTI_ACTIVITY_UNIFIED_MEMORY_REMOTE_MAP_CAUSE_EVICTION: u32 = 5;
 }
+pub mod CUpti_ActivityUvmCounterFieldIds {
+    pub const UVM_COUNTER_FIELD_KIND: u32 = 0;
+    pub const UVM_COUNTER_FIELD_COUNTER_KIND: u32 = 1;
+    pub const UVM_COUNTER_FIELD_VALUE: u32 = 2;
+    pub const UVM_COUNTER_FIELD_START: u32 = 3;
+    pub const UVM_COUNTER_FIELD_END: u32 = 4;
+    pub const UVM_COUNTER_FIELD_ADDRESS: u32 = 5;
+    pub const UVM_COUNTER_FIELD_SRC_ID: u32 = 6;
+    pub const UVM_COUNTER_FIELD_DST_ID: u32 = 7;
+    pub const UVM_COUNTER_FIELD_STREAM_ID: u32 = 8;
+    pub const UVM_COUNTER_FIELD_PROCESS_ID: u32 = 9;
+    pub const UVM_COUNTER_FIELD_FLAGS: u32 = 10;
+    pub const UVM_COUNTER_FIELD_PROCESSORS: u32 = 11;
+    pub const UVM_COUNTER_FIELD_MAX: u32 = 12;
+}
 pub mod CUpti_ApiCallbackSite {
     pub const CUPTI_API_ENTER: u32 = 0;
     pub const CUPTI_API_EXIT: u32 = 1;
@@ -1431,7 +2109,9 @@ pub mod CUpti_CallbackIdResource {
     pub const CUPTI_CBID_RESOURCE_STREAM_ATTRIBUTE_CHANGED: u32 = 21;
     pub const CUPTI_CBID_RESOURCE_GRAPH_NODE_UPDATED: u32 = 22;
     pub const CUPTI_CBID_RESOURCE_GRAPH_NODE_SET_PARAMS: u32 = 23;
-    pub const CUPTI_CBID_RESOURCE_SIZE: u32 = 24;
+    pub const CUPTI_CBID_RESOURCE_LOGICAL_ENDPOINT_CREATED: u32 = 24;
+    pub const CUPTI_CBID_RESOURCE_LOGICAL_ENDPOINT_DESTROYED: u32 = 25;
+    pub const CUPTI_CBID_RESOURCE_SIZE: u32 = 26;
     pub const CUPTI_CBID_RESOURCE_FORCE_INT: u32 = 2147483647;
 }
 pub mod CUpti_CallbackIdState {
@@ -1593,6 +2273,14 @@ pub mod CUpti_ExternalCorrelationKind {
     pub const CUPTI_EXTERNAL_CORRELATION_KIND_SIZE: u32 = 6;
     pub const CUPTI_EXTERNAL_CORRELATION_KIND_FORCE_INT: u32 = 2147483647;
 }
+pub mod CUpti_FuncExecutionModel {
+    pub const CUPTI_FUNC_EXECUTION_MODEL_UNKNOWN: u32 = 0;
+    pub const CUPTI_FUNC_EXECUTION_MODEL_SIMT: u32 = 1;
+    pub const CUPTI_FUNC_EXECUTION_MODEL_TILE: u32 = 2;
+    pub const CUPTI_FUNC_EXECUTION_MODEL_HYBRID: u32 = 3;
+    pub const CUPTI_FUNC_EXECUTION_MODEL_SIZE: u32 = 4;
+    pub const CUPTI_FUNC_EXECUTION_MODEL_FORCE_INT: u32 = 2147483647;
+}
 pub mod CUpti_FuncShmemLimitConfig {
     pub const CUPTI_FUNC_SHMEM_LIMIT_DEFAULT: u32 = 0;
     pub const CUPTI_FUNC_SHMEM_LIMIT_OPTIN: u32 = 1;
@@ -1605,6 +2293,12 @@ pub mod CUpti_LinkFlag {
     pub const CUPTI_LINK_FLAG_PEER_ATOMICS: u32 = 8;
     pub const CUPTI_LINK_FLAG_SYSMEM_ATOMICS: u32 = 16;
     pub const CUPTI_LINK_FLAG_FORCE_INT: u32 = 2147483647;
+}
+pub mod CUpti_LogicalEndpointType {
+    pub const CUPTI_LOGICAL_ENDPOINT_TYPE_INVALID: u32 = 0;
+    pub const CUPTI_LOGICAL_ENDPOINT_TYPE_UNICAST: u32 = 1;
+    pub const CUPTI_LOGICAL_ENDPOINT_TYPE_MULTICAST: u32 = 2;
+    pub const CUPTI_LOGICAL_ENDPOINT_TYPE_FORCE_INT: u32 = 2147483647;
 }
 pub mod CUpti_MetricAttribute {
     pub const CUPTI_METRIC_ATTR_NAME: u32 = 0;
@@ -1789,6 +2483,13 @@ pub mod CUresourcetype_enum {
     pub const CU_RESOURCE_TYPE_LINEAR: u32 = 2;
     pub const CU_RESOURCE_TYPE_PITCH2D: u32 = 3;
 }
+pub mod CUsharedMemoryMode_enum {
+    pub const CU_SHARED_MEMORY_MODE_DEFAULT: u32 = 0;
+    pub const CU_SHARED_MEMORY_MODE_REQUIRE_PORTABLE: u32 = 1;
+    pub const CU_SHARED_MEMORY_MODE_ALLOW_NON_PORTABLE: u32 = 2;
+    pub const CU_SHARED_MEMORY_MODE_ALLOW_OVERSIZED_SHARED_MEMORY: u32 = 3;
+    pub const CU_SHARED_MEMORY_MODE_PREFER_OVERSIZED_SHARED_MEMORY: u32 = 4;
+}
 pub mod CUshared_carveout_enum {
     pub const CU_SHAREDMEM_CARVEOUT_DEFAULT: i32 = -1;
     pub const CU_SHAREDMEM_CARVEOUT_MAX_SHARED: i32 = 100;
@@ -1827,6 +2528,10 @@ pub mod CUstreamCaptureStatus_enum {
     pub const CU_STREAM_CAPTURE_STATUS_ACTIVE: u32 = 1;
     pub const CU_STREAM_CAPTURE_STATUS_INVALIDATED: u32 = 2;
 }
+pub mod CUstreamCigDataType_enum {
+    pub const STREAM_CIG_DATA_TYPE_D3D12_COMMAND_LIST: u32 = 1;
+    pub const STREAM_CIG_DATA_TYPE_VULKAN_COMMAND_BUFFER_HANDLE_NV: u32 = 2;
+}
 pub mod CUstreamMemoryBarrier_flags_enum {
     pub const CU_STREAM_MEMORY_BARRIER_TYPE_SYS: u32 = 0;
     pub const CU_STREAM_MEMORY_BARRIER_TYPE_GPU: u32 = 1;
@@ -1855,6 +2560,11 @@ pub mod CUsynchronizationPolicy_enum {
     pub const CU_SYNC_POLICY_SPIN: u32 = 2;
     pub const CU_SYNC_POLICY_YIELD: u32 = 3;
     pub const CU_SYNC_POLICY_BLOCKING_SYNC: u32 = 4;
+}
+pub mod CUtensorMapAllocClass_enum {
+    pub const CU_TENSOR_MAP_ALLOC_CLASS_AUTO: u32 = 0;
+    pub const CU_TENSOR_MAP_ALLOC_CLASS_SMALL: u32 = 1;
+    pub const CU_TENSOR_MAP_ALLOC_CLASS_LARGE: u32 = 2;
 }
 pub mod CUtensorMapDataType_enum {
     pub const CU_TENSOR_MAP_DATA_TYPE_UINT8: u32 = 0;
@@ -2007,6 +2717,7 @@ pub mod cublasLt3mMode_t {
 pub mod cublasLtBatchMode_t {
     pub const CUBLASLT_BATCH_MODE_STRIDED: u32 = 0;
     pub const CUBLASLT_BATCH_MODE_POINTER_ARRAY: u32 = 1;
+    pub const CUBLASLT_BATCH_MODE_GROUPED: u32 = 2;
 }
 pub mod cublasLtClusterShape_t {
     pub const CUBLASLT_CLUSTER_SHAPE_AUTO: u32 = 0;
@@ -2088,6 +2799,10 @@ pub mod cublasLtEpilogue_t {
     pub const CUBLASLT_EPILOGUE_BGRADA: u32 = 256;
     pub const CUBLASLT_EPILOGUE_BGRADB: u32 = 512;
 }
+pub mod cublasLtIntegerWidth_t {
+    pub const CUBLASLT_INTEGER_WIDTH_32: u32 = 0;
+    pub const CUBLASLT_INTEGER_WIDTH_64: u32 = 1;
+}
 pub mod cublasLtMatmulAlgoCapAttributes_t {
     pub const CUBLASLT_ALGO_CAP_SPLITK_SUPPORT: u32 = 0;
     pub const CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK: u32 = 1;
@@ -2109,6 +2824,7 @@ pub mod cublasLtMatmulAlgoCapAttributes_t {
     pub const CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_D_BYTES: u32 = 19;
     pub const CUBLASLT_ALGO_CAP_POINTER_ARRAY_BATCH_SUPPORT: u32 = 21;
     pub const CUBLASLT_ALGO_CAP_FLOATING_POINT_EMULATION_SUPPORT: u32 = 22;
+    pub const CUBLASLT_ALGO_CAP_POINTER_ARRAY_GROUPED_SUPPORT: u32 = 23;
 }
 pub mod cublasLtMatmulAlgoConfigAttributes_t {
     pub const CUBLASLT_ALGO_CONFIG_ID: u32 = 0;
@@ -2120,6 +2836,15 @@ pub mod cublasLtMatmulAlgoConfigAttributes_t {
     pub const CUBLASLT_ALGO_CONFIG_STAGES_ID: u32 = 6;
     pub const CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID: u32 = 7;
     pub const CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID: u32 = 8;
+}
+pub mod cublasLtMatmulBatchInvarianceFlags_t {
+    pub const CUBLASLT_BATCH_INVARIANCE_DISABLED: u32 = 0;
+    pub const CUBLASLT_BATCH_INVARIANCE_ALIGN_2B: u32 = 1;
+    pub const CUBLASLT_BATCH_INVARIANCE_ALIGN_4B: u32 = 2;
+    pub const CUBLASLT_BATCH_INVARIANCE_ALIGN_8B: u32 = 3;
+    pub const CUBLASLT_BATCH_INVARIANCE_ALIGN_16B: u32 = 4;
+    pub const CUBLASLT_BATCH_INVARIANCE_AUTO: u32 = 8;
+    pub const CUBLASLT_BATCH_INVARIANCE_UNSET: u32 = 32768;
 }
 pub mod cublasLtMatmulDescAttributes_t {
     pub const CUBLASLT_MATMUL_DESC_COMPUTE_TYPE: u32 = 0;
@@ -2155,6 +2880,9 @@ pub mod cublasLtMatmulDescAttributes_t {
     pub const CUBLASLT_MATMUL_DESC_D_OUT_SCALE_POINTER: u32 = 36;
     pub const CUBLASLT_MATMUL_DESC_D_OUT_SCALE_MODE: u32 = 37;
     pub const CUBLASLT_MATMUL_DESC_EMULATION_DESCRIPTOR: u32 = 38;
+    pub const CUBLASLT_MATMUL_DESC_ALPHA_BATCH_STRIDE: u32 = 39;
+    pub const CUBLASLT_MATMUL_DESC_BETA_BATCH_STRIDE: u32 = 40;
+    pub const CUBLASLT_MATMUL_DESC_BATCH_INVARIANCE_FLAGS: u32 = 41;
 }
 pub mod cublasLtMatmulInnerShape_t {
     pub const CUBLASLT_MATMUL_INNER_SHAPE_UNDEFINED: u32 = 0;
@@ -2171,7 +2899,11 @@ pub mod cublasLtMatmulMatrixScale_t {
     pub const CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F: u32 = 3;
     pub const CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F: u32 = 4;
     pub const CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F: u32 = 5;
-    pub const CUBLASLT_MATMUL_MATRIX_SCALE_END: u32 = 6;
+    pub const CUBLASLT_MATMUL_MATRIX_SCALE_PER_BATCH_SCALAR_32F: u32 = 6;
+    pub const CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_MN_K4_UE8M0: u32 = 12;
+    pub const CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_MN_K4_UE8M0: u32 = 13;
+    pub const CUBLASLT_MATMUL_MATRIX_SCALE_END: u32 = 14;
+    pub const CUBLASLT_MATMUL_MATRIX_SCALE_RESERVED: u32 = 127;
 }
 pub mod cublasLtMatmulPreferenceAttributes_t {
     pub const CUBLASLT_MATMUL_PREF_SEARCH_MODE: u32 = 0;
@@ -2183,6 +2915,9 @@ pub mod cublasLtMatmulPreferenceAttributes_t {
     pub const CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES: u32 = 8;
     pub const CUBLASLT_MATMUL_PREF_MAX_WAVES_COUNT: u32 = 9;
     pub const CUBLASLT_MATMUL_PREF_IMPL_MASK: u32 = 12;
+    pub const CUBLASLT_MATMUL_PREF_GROUPED_AVERAGE_REDUCTION_DIM: u32 = 13;
+    pub const CUBLASLT_MATMUL_PREF_GROUPED_DESC_D_AVERAGE_ROWS: u32 = 14;
+    pub const CUBLASLT_MATMUL_PREF_GROUPED_DESC_D_AVERAGE_COLS: u32 = 15;
 }
 pub mod cublasLtMatmulSearch_t {
     pub const CUBLASLT_SEARCH_BEST_FIT: u32 = 0;
@@ -2872,7 +3607,18 @@ pub mod cublasLtMatmulTile_t {
     pub const CUBLASLT_MATMUL_TILE_256x1024: u32 = 632;
     pub const CUBLASLT_MATMUL_TILE_512x512: u32 = 633;
     pub const CUBLASLT_MATMUL_TILE_512x1024: u32 = 634;
-    pub const CUBLASLT_MATMUL_TILE_END: u32 = 635;
+    pub const CUBLASLT_MATMUL_TILE_4x1: u32 = 635;
+    pub const CUBLASLT_MATMUL_TILE_8x1: u32 = 636;
+    pub const CUBLASLT_MATMUL_TILE_16x1: u32 = 637;
+    pub const CUBLASLT_MATMUL_TILE_24x1: u32 = 638;
+    pub const CUBLASLT_MATMUL_TILE_32x1: u32 = 639;
+    pub const CUBLASLT_MATMUL_TILE_40x1: u32 = 640;
+    pub const CUBLASLT_MATMUL_TILE_48x1: u32 = 641;
+    pub const CUBLASLT_MATMUL_TILE_64x1: u32 = 642;
+    pub const CUBLASLT_MATMUL_TILE_128x1: u32 = 643;
+    pub const CUBLASLT_MATMUL_TILE_192x1: u32 = 644;
+    pub const CUBLASLT_MATMUL_TILE_256x1: u32 = 645;
+    pub const CUBLASLT_MATMUL_TILE_END: u32 = 646;
 }
 pub mod cublasLtMatrixLayoutAttribute_t {
     pub const CUBLASLT_MATRIX_LAYOUT_TYPE: u32 = 0;
@@ -2884,6 +3630,11 @@ pub mod cublasLtMatrixLayoutAttribute_t {
     pub const CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET: u32 = 6;
     pub const CUBLASLT_MATRIX_LAYOUT_PLANE_OFFSET: u32 = 7;
     pub const CUBLASLT_MATRIX_LAYOUT_BATCH_MODE: u32 = 8;
+    pub const CUBLASLT_GROUPED_MATRIX_LAYOUT_ROWS_ARRAY: u32 = 9;
+    pub const CUBLASLT_GROUPED_MATRIX_LAYOUT_COLS_ARRAY: u32 = 10;
+    pub const CUBLASLT_GROUPED_MATRIX_LAYOUT_LD_ARRAY: u32 = 11;
+    pub const CUBLASLT_GROUPED_MATRIX_LAYOUT_ROWS_COLS_ARRAY_INTEGER_WIDTH: u32 = 12;
+    pub const CUBLASLT_GROUPED_MATRIX_LAYOUT_LD_ARRAY_INTEGER_WIDTH: u32 = 13;
 }
 pub mod cublasLtMatrixTransformDescAttributes_t {
     pub const CUBLASLT_MATRIX_TRANSFORM_DESC_SCALE_TYPE: u32 = 0;
@@ -3036,11 +3787,26 @@ pub mod cudaChannelFormatKind {
     pub const cudaChannelFormatKindUnsignedBlockCompressed7: u32 = 29;
     pub const cudaChannelFormatKindUnsignedBlockCompressed7SRGB: u32 = 30;
     pub const cudaChannelFormatKindUnsignedNormalized1010102: u32 = 31;
+    pub const cudaChannelFormatKindUnsigned8Packed422: u32 = 32;
+    pub const cudaChannelFormatKindUnsigned8Packed444: u32 = 33;
+    pub const cudaChannelFormatKindUnsigned8SemiPlanar420: u32 = 34;
+    pub const cudaChannelFormatKindUnsigned16SemiPlanar420: u32 = 35;
+    pub const cudaChannelFormatKindUnsigned8SemiPlanar422: u32 = 36;
+    pub const cudaChannelFormatKindUnsigned16SemiPlanar422: u32 = 37;
+    pub const cudaChannelFormatKindUnsigned8SemiPlanar444: u32 = 38;
+    pub const cudaChannelFormatKindUnsigned16SemiPlanar444: u32 = 39;
+    pub const cudaChannelFormatKindUnsigned8Planar420: u32 = 40;
+    pub const cudaChannelFormatKindUnsigned16Planar420: u32 = 41;
+    pub const cudaChannelFormatKindUnsigned8Planar422: u32 = 42;
+    pub const cudaChannelFormatKindUnsigned16Planar422: u32 = 43;
+    pub const cudaChannelFormatKindUnsigned8Planar444: u32 = 44;
+    pub const cudaChannelFormatKindUnsigned16Planar444: u32 = 45;
 }
 pub mod cudaClusterSchedulingPolicy {
     pub const cudaClusterSchedulingPolicyDefault: u32 = 0;
     pub const cudaClusterSchedulingPolicySpread: u32 = 1;
     pub const cudaClusterSchedulingPolicyLoadBalancing: u32 = 2;
+    pub const cudaClusterSchedulingPolicyRubinDsmemLocality: u32 = 3;
 }
 pub mod cudaDataType_t {
     pub const CUDA_R_16F: u32 = 2;
@@ -3078,6 +3844,7 @@ pub mod cudaDataType_t {
     pub const CUDA_R_6F_E2M3: u32 = 31;
     pub const CUDA_R_6F_E3M2: u32 = 32;
     pub const CUDA_R_4F_E2M1: u32 = 33;
+    pub const CUDA_R_8F_UE5M3: u32 = 34;
 }
 pub mod cudaDevResourceType {
     pub const cudaDevResourceTypeInvalid: u32 = 0;
@@ -3227,7 +3994,13 @@ pub mod cudaDeviceAttr {
     pub const cudaDevAttrHostMemoryPoolsSupported: u32 = 144;
     pub const cudaDevAttrReserved145: u32 = 145;
     pub const cudaDevAttrOnlyPartialHostNativeAtomicSupported: u32 = 147;
-    pub const cudaDevAttrMax: u32 = 148;
+    pub const cudaDevAttrAtomicReductionSupported: u32 = 148;
+    pub const cudaDevAttrLocalityDomainCount: u32 = 149;
+    pub const cudaDevAttrOversizedSharedMemoryPerBlock: u32 = 150;
+    pub const cudaDevAttrCigStreamsSupported: u32 = 151;
+    pub const cudaDevAttrLocalityDomainMultiprocessorCount: u32 = 157;
+    pub const cudaDevAttrTensorMapLargeTensorMinSize: u32 = 160;
+    pub const cudaDevAttrMax: u32 = 161;
 }
 pub mod cudaDeviceP2PAttr {
     pub const cudaDevP2PAttrPerformanceRank: u32 = 1;
@@ -3267,6 +4040,7 @@ pub mod cudaError {
     pub const cudaErrorProfilerAlreadyStarted: u32 = 7;
     pub const cudaErrorProfilerAlreadyStopped: u32 = 8;
     pub const cudaErrorInvalidConfiguration: u32 = 9;
+    pub const cudaErrorVersionTranslation: u32 = 10;
     pub const cudaErrorInvalidPitchValue: u32 = 12;
     pub const cudaErrorInvalidSymbol: u32 = 13;
     pub const cudaErrorInvalidHostPointer: u32 = 16;
@@ -3330,6 +4104,7 @@ pub mod cudaError {
     pub const cudaErrorUnsupportedExecAffinity: u32 = 224;
     pub const cudaErrorUnsupportedDevSideSync: u32 = 225;
     pub const cudaErrorContained: u32 = 226;
+    pub const cudaErrorInsufficientLoaderVersion: u32 = 227;
     pub const cudaErrorInvalidSource: u32 = 300;
     pub const cudaErrorFileNotFound: u32 = 301;
     pub const cudaErrorSharedObjectSymbolNotFound: u32 = 302;
@@ -3390,6 +4165,8 @@ pub mod cudaError {
     pub const cudaErrorInvalidResourceType: u32 = 914;
     pub const cudaErrorInvalidResourceConfiguration: u32 = 915;
     pub const cudaErrorStreamDetached: u32 = 917;
+    pub const cudaErrorGraphRecaptureFailure: u32 = 918;
+    pub const cudaErrorFabricNotReady: u32 = 919;
     pub const cudaErrorUnknown: u32 = 999;
     pub const cudaErrorApiFailureBase: u32 = 10000;
 }
@@ -3406,6 +4183,7 @@ pub mod cudaError_enum {
     pub const CUDA_ERROR_STUB_LIBRARY: u32 = 34;
     pub const CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER: u32 = 36;
     pub const CUDA_ERROR_DEVICE_UNAVAILABLE: u32 = 46;
+    pub const CUDA_ERROR_MULTICAST_RESOURCE_FULL: u32 = 47;
     pub const CUDA_ERROR_NO_DEVICE: u32 = 100;
     pub const CUDA_ERROR_INVALID_DEVICE: u32 = 101;
     pub const CUDA_ERROR_DEVICE_NOT_LICENSED: u32 = 102;
@@ -3434,6 +4212,7 @@ pub mod cudaError_enum {
     pub const CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY: u32 = 224;
     pub const CUDA_ERROR_UNSUPPORTED_DEVSIDE_SYNC: u32 = 225;
     pub const CUDA_ERROR_CONTAINED: u32 = 226;
+    pub const CUDA_ERROR_INSUFFICIENT_LOADER_VERSION: u32 = 227;
     pub const CUDA_ERROR_INVALID_SOURCE: u32 = 300;
     pub const CUDA_ERROR_FILE_NOT_FOUND: u32 = 301;
     pub const CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND: u32 = 302;
@@ -3495,6 +4274,8 @@ pub mod cudaError_enum {
     pub const CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION: u32 = 915;
     pub const CUDA_ERROR_KEY_ROTATION: u32 = 916;
     pub const CUDA_ERROR_STREAM_DETACHED: u32 = 917;
+    pub const CUDA_ERROR_GRAPH_RECAPTURE_FAILURE: u32 = 918;
+    pub const CUDA_ERROR_FABRIC_NOT_READY: u32 = 919;
     pub const CUDA_ERROR_UNKNOWN: u32 = 999;
 }
 pub mod cudaExternalMemoryHandleType {
@@ -3535,7 +4316,8 @@ pub mod cudaFuncAttribute {
     pub const cudaFuncAttributeRequiredClusterDepth: u32 = 13;
     pub const cudaFuncAttributeNonPortableClusterSizeAllowed: u32 = 14;
     pub const cudaFuncAttributeClusterSchedulingPolicyPreference: u32 = 15;
-    pub const cudaFuncAttributeMax: u32 = 16;
+    pub const cudaFuncAttributeSharedMemoryMode: u32 = 16;
+    pub const cudaFuncAttributeMax: u32 = 17;
 }
 pub mod cudaFuncCache {
     pub const cudaFuncCachePreferNone: u32 = 0;
@@ -3544,8 +4326,9 @@ pub mod cudaFuncCache {
     pub const cudaFuncCachePreferEqual: u32 = 3;
 }
 pub mod cudaGraphChildGraphNodeOwnership {
-    pub const cudaGraphChildGraphOwnershipClone: u32 = 0;
-    pub const cudaGraphChildGraphOwnershipMove: u32 = 1;
+    pub const cudaGraphChildGraphOwnershipClone: i32 = 0;
+    pub const cudaGraphChildGraphOwnershipMove: i32 = 1;
+    pub const cudaGraphChildGraphOwnershipInvalid: i32 = -1;
 }
 pub mod cudaGraphConditionalNodeType {
     pub const cudaGraphCondTypeIf: u32 = 0;
@@ -3591,7 +4374,15 @@ pub mod cudaGraphNodeType {
     pub const cudaGraphNodeTypeMemAlloc: u32 = 10;
     pub const cudaGraphNodeTypeMemFree: u32 = 11;
     pub const cudaGraphNodeTypeConditional: u32 = 13;
-    pub const cudaGraphNodeTypeCount: u32 = 14;
+    pub const cudaGraphNodeTypeMemcpyBatch: u32 = 14;
+    pub const cudaGraphNodeTypeReserved16: u32 = 16;
+    pub const cudaGraphNodeTypeExternalEngine: u32 = 17;
+    pub const cudaGraphNodeTypeCount: u32 = 18;
+}
+pub mod cudaGraphRecaptureStatus {
+    pub const cudaGraphRecaptureEligibleForUpdate: u32 = 0;
+    pub const cudaGraphRecaptureIneligibleForUpdate: u32 = 1;
+    pub const cudaGraphRecaptureError: u32 = 2;
 }
 pub mod cudaJitOption {
     pub const cudaJitMaxRegisters: u32 = 0;
@@ -3612,6 +4403,12 @@ pub mod cudaJitOption {
     pub const cudaJitMaxThreadsPerBlock: u32 = 32;
     pub const cudaJitOverrideDirectiveValues: u32 = 33;
 }
+pub mod cudaKernelFunctionType {
+    pub const cudaKernelFunctionTypeUnspecified: u32 = 0;
+    pub const cudaKernelFunctionTypeDeviceEntry: u32 = 1;
+    pub const cudaKernelFunctionTypeKernel: u32 = 2;
+    pub const cudaKernelFunctionTypeFunction: u32 = 3;
+}
 pub mod cudaLaunchAttributeID {
     pub const cudaLaunchAttributeIgnore: u32 = 0;
     pub const cudaLaunchAttributeAccessPolicyWindow: u32 = 1;
@@ -3629,6 +4426,13 @@ pub mod cudaLaunchAttributeID {
     pub const cudaLaunchAttributeDeviceUpdatableKernelNode: u32 = 13;
     pub const cudaLaunchAttributePreferredSharedMemoryCarveout: u32 = 14;
     pub const cudaLaunchAttributeNvlinkUtilCentricScheduling: u32 = 16;
+    pub const cudaLaunchAttributePortableClusterSizeMode: u32 = 17;
+    pub const cudaLaunchAttributeSharedMemoryMode: u32 = 18;
+}
+pub mod cudaLaunchAttributePortableClusterMode {
+    pub const cudaLaunchPortableClusterModeDefault: u32 = 0;
+    pub const cudaLaunchPortableClusterModeRequirePortable: u32 = 1;
+    pub const cudaLaunchPortableClusterModeAllowNonPortable: u32 = 2;
 }
 pub mod cudaLaunchMemSyncDomain {
     pub const cudaLaunchMemSyncDomainDefault: u32 = 0;
@@ -3646,6 +4450,7 @@ pub mod cudaLimit {
     pub const cudaLimitDevRuntimePendingLaunchCount: u32 = 4;
     pub const cudaLimitMaxL2FetchGranularity: u32 = 5;
     pub const cudaLimitPersistingL2CacheSize: u32 = 6;
+    pub const cudaLimitPerBlockMemorySize: u32 = 10;
 }
 pub mod cudaMemAccessFlags {
     pub const cudaMemAccessFlagsProtNone: u32 = 0;
@@ -3672,6 +4477,8 @@ pub mod cudaMemLocationType {
     pub const cudaMemLocationTypeHost: u32 = 2;
     pub const cudaMemLocationTypeHostNuma: u32 = 3;
     pub const cudaMemLocationTypeHostNumaCurrent: u32 = 4;
+    pub const cudaMemLocationTypeInvisible: u32 = 5;
+    pub const cudaMemLocationTypeDeviceLocalityDomain: u32 = 6;
 }
 pub mod cudaMemPoolAttr {
     pub const cudaMemPoolReuseFollowEventDependencies: u32 = 1;
@@ -3682,6 +4489,13 @@ pub mod cudaMemPoolAttr {
     pub const cudaMemPoolAttrReservedMemHigh: u32 = 6;
     pub const cudaMemPoolAttrUsedMemCurrent: u32 = 7;
     pub const cudaMemPoolAttrUsedMemHigh: u32 = 8;
+    pub const cudaMemPoolAttrAllocationType: u32 = 9;
+    pub const cudaMemPoolAttrExportHandleTypes: u32 = 10;
+    pub const cudaMemPoolAttrLocationId: u32 = 11;
+    pub const cudaMemPoolAttrLocationType: u32 = 12;
+    pub const cudaMemPoolAttrMaxPoolSize: u32 = 13;
+    pub const cudaMemPoolAttrHwDecompressEnabled: u32 = 14;
+    pub const cudaMemPoolAttrLocalityDomainId: u32 = 15;
 }
 pub mod cudaMemRangeAttribute {
     pub const cudaMemRangeAttributeReadMostly: u32 = 1;
@@ -3774,6 +4588,13 @@ pub mod cudaSharedMemConfig {
     pub const cudaSharedMemBankSizeFourByte: u32 = 1;
     pub const cudaSharedMemBankSizeEightByte: u32 = 2;
 }
+pub mod cudaSharedMemoryMode {
+    pub const cudaSharedMemoryModeDefault: u32 = 0;
+    pub const cudaSharedMemoryModeRequirePortable: u32 = 1;
+    pub const cudaSharedMemoryModeAllowNonPortable: u32 = 2;
+    pub const cudaSharedMemoryModeAllowOversizedSharedMemory: u32 = 3;
+    pub const cudaSharedMemoryModePreferOversizedSharedMemory: u32 = 4;
+}
 pub mod cudaStreamCaptureMode {
     pub const cudaStreamCaptureModeGlobal: u32 = 0;
     pub const cudaStreamCaptureModeThreadLocal: u32 = 1;
@@ -3836,6 +4657,7 @@ pub mod cudnnBackendAttributeName_t {
     pub const CUDNN_ATTR_ENGINEHEUR_RESULTS: u32 = 202;
     pub const CUDNN_ATTR_ENGINEHEUR_SM_COUNT_TARGET: u32 = 203;
     pub const CUDNN_ATTR_ENGINEHEUR_DEVICEPROP: u32 = 204;
+    pub const CUDNN_ATTR_ENGINEHEUR_SHARED_MEMORY_LIMIT: u32 = 205;
     pub const CUDNN_ATTR_ENGINECFG_ENGINE: u32 = 300;
     pub const CUDNN_ATTR_ENGINECFG_INTERMEDIATE_INFO: u32 = 301;
     pub const CUDNN_ATTR_ENGINECFG_KNOB_CHOICES: u32 = 302;
@@ -3849,6 +4671,7 @@ pub mod cudnnBackendAttributeName_t {
     pub const CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION: u32 = 405;
     pub const CUDNN_ATTR_EXECUTION_PLAN_KERNEL_CACHE: u32 = 406;
     pub const CUDNN_ATTR_EXECUTION_PLAN_DEVICEPROP: u32 = 407;
+    pub const CUDNN_ATTR_EXECUTION_PLAN_CUDA_GRAPH_RETENTION: u32 = 408;
     pub const CUDNN_ATTR_INTERMEDIATE_INFO_UNIQUE_ID: u32 = 500;
     pub const CUDNN_ATTR_INTERMEDIATE_INFO_SIZE: u32 = 501;
     pub const CUDNN_ATTR_INTERMEDIATE_INFO_DEPENDENT_DATA_UIDS: u32 = 502;
@@ -3909,6 +4732,8 @@ pub mod cudnnBackendAttributeName_t {
     pub const CUDNN_ATTR_OPERATIONGRAPH_ENGINE_GLOBAL_COUNT: u32 = 802;
     pub const CUDNN_ATTR_OPERATIONGRAPH_IS_DYNAMIC_SHAPE_ENABLED: u32 = 803;
     pub const CUDNN_ATTR_OPERATIONGRAPH_IS_SAME_TOPOLOGY: u32 = 804;
+    pub const CUDNN_ATTR_OPERATIONGRAPH_IS_OVERRIDE_SHAPE_ENABLED: u32 = 805;
+    pub const CUDNN_ATTR_OPERATIONGRAPH_MODE: u32 = 806;
     pub const CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT: u32 = 900;
     pub const CUDNN_ATTR_TENSOR_DATA_TYPE: u32 = 901;
     pub const CUDNN_ATTR_TENSOR_DIMENSIONS: u32 = 902;
@@ -3919,11 +4744,16 @@ pub mod cudnnBackendAttributeName_t {
     pub const CUDNN_ATTR_TENSOR_IS_VIRTUAL: u32 = 907;
     pub const CUDNN_ATTR_TENSOR_IS_BY_VALUE: u32 = 908;
     pub const CUDNN_ATTR_TENSOR_REORDERING_MODE: u32 = 909;
+    pub const CUDNN_ATTR_TENSOR_CONSTANT_VALUE: u32 = 910;
     pub const CUDNN_ATTR_TENSOR_RAGGED_OFFSET_DESC: u32 = 913;
+    pub const CUDNN_ATTR_TENSOR_RAGGED_OFFSET_MULTIPLIER: u32 = 914;
     pub const CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS: u32 = 1000;
     pub const CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS: u32 = 1001;
     pub const CUDNN_ATTR_VARIANT_PACK_INTERMEDIATES: u32 = 1002;
     pub const CUDNN_ATTR_VARIANT_PACK_WORKSPACE: u32 = 1003;
+    pub const CUDNN_ATTR_VARIANT_PACK_OVERRIDE_UNIQUE_IDS: u32 = 1010;
+    pub const CUDNN_ATTR_VARIANT_PACK_OVERRIDE_SHAPES: u32 = 1011;
+    pub const CUDNN_ATTR_VARIANT_PACK_OVERRIDE_STRIDES: u32 = 1012;
     pub const CUDNN_ATTR_LAYOUT_INFO_TENSOR_UID: u32 = 1100;
     pub const CUDNN_ATTR_LAYOUT_INFO_TYPES: u32 = 1101;
     pub const CUDNN_ATTR_KNOB_INFO_TYPE: u32 = 1200;
@@ -3939,6 +4769,7 @@ pub mod cudnnBackendAttributeName_t {
     pub const CUDNN_ATTR_ENGINE_SM_COUNT_TARGET: u32 = 1306;
     pub const CUDNN_ATTR_ENGINE_DEVICEPROP: u32 = 1307;
     pub const CUDNN_ATTR_ENGINE_DISABLE_CLUSTER_COOPERATIVE: u32 = 1308;
+    pub const CUDNN_ATTR_ENGINE_SHARED_MEMORY_LIMIT: u32 = 1309;
     pub const CUDNN_ATTR_MATMUL_COMP_TYPE: u32 = 1500;
     pub const CUDNN_ATTR_MATMUL_PADDING_VALUE: u32 = 1503;
     pub const CUDNN_ATTR_OPERATION_MATMUL_ADESC: u32 = 1520;
@@ -3955,6 +4786,7 @@ pub mod cudnnBackendAttributeName_t {
     pub const CUDNN_ATTR_OPERATION_REDUCTION_XDESC: u32 = 1610;
     pub const CUDNN_ATTR_OPERATION_REDUCTION_YDESC: u32 = 1611;
     pub const CUDNN_ATTR_OPERATION_REDUCTION_DESC: u32 = 1612;
+    pub const CUDNN_ATTR_OPERATION_REDUCTION_GROUP_OFFSET_DESC: u32 = 1613;
     pub const CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_MATH_PREC: u32 = 1620;
     pub const CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_MEAN_DESC: u32 = 1621;
     pub const CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_INVSTD_DESC: u32 = 1622;
@@ -3966,6 +4798,13 @@ pub mod cudnnBackendAttributeName_t {
     pub const CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_EQ_DY_SCALE_DESC: u32 = 1628;
     pub const CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_EQ_X_SCALE_DESC: u32 = 1629;
     pub const CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_EQ_BIAS: u32 = 1630;
+    pub const CUDNN_ATTR_OPERATION_REDUCTION_DIMS: u32 = 1640;
+    pub const CUDNN_ATTR_OPERATION_REDUCTION_INIT_VALUES: u32 = 1641;
+    pub const CUDNN_ATTR_OPERATION_REDUCTION_SUBGRAPH: u32 = 1642;
+    pub const CUDNN_ATTR_OPERATION_REDUCTION_SUBGRAPH_ACCUMULATOR_UIDS: u32 = 1643;
+    pub const CUDNN_ATTR_OPERATION_REDUCTION_SUBGRAPH_CURRENT_UIDS: u32 = 1644;
+    pub const CUDNN_ATTR_OPERATION_REDUCTION_SUBGRAPH_OUTPUT_UIDS: u32 = 1645;
+    pub const CUDNN_ATTR_OPERATION_REDUCTION_SUBGRAPH_COMPUTE_TYPES: u32 = 1646;
     pub const CUDNN_ATTR_RESAMPLE_MODE: u32 = 1700;
     pub const CUDNN_ATTR_RESAMPLE_COMP_TYPE: u32 = 1701;
     pub const CUDNN_ATTR_RESAMPLE_SPATIAL_DIMS: u32 = 1702;
@@ -4030,6 +4869,25 @@ pub mod cudnnBackendAttributeName_t {
     pub const CUDNN_ATTR_OPERATION_NORM_BWD_PEER_STAT_DESCS: u32 = 2110;
     pub const CUDNN_ATTR_OPERATION_RESHAPE_XDESC: u32 = 2200;
     pub const CUDNN_ATTR_OPERATION_RESHAPE_YDESC: u32 = 2201;
+    pub const CUDNN_ATTR_OPERATION_RESHAPE_MODE: u32 = 2202;
+    pub const CUDNN_ATTR_OPERATION_TRANSPOSE_XDESC: u32 = 3200;
+    pub const CUDNN_ATTR_OPERATION_TRANSPOSE_YDESC: u32 = 3201;
+    pub const CUDNN_ATTR_OPERATION_TRANSPOSE_PERMUTATION: u32 = 3202;
+    pub const CUDNN_ATTR_OPERATION_SLICE_XDESC: u32 = 3300;
+    pub const CUDNN_ATTR_OPERATION_SLICE_YDESC: u32 = 3301;
+    pub const CUDNN_ATTR_OPERATION_SLICE_START_INDICES: u32 = 3302;
+    pub const CUDNN_ATTR_OPERATION_SLICE_LIMIT_INDICES: u32 = 3303;
+    pub const CUDNN_ATTR_OPERATION_SLICE_STRIDES: u32 = 3304;
+    pub const CUDNN_ATTR_OPERATION_ROPE_FWD_XDESC: u32 = 3400;
+    pub const CUDNN_ATTR_OPERATION_ROPE_FWD_YDESC: u32 = 3401;
+    pub const CUDNN_ATTR_OPERATION_ROPE_FWD_FREQSDESC: u32 = 3402;
+    pub const CUDNN_ATTR_OPERATION_ROPE_FWD_OUTPUT_SCALE: u32 = 3403;
+    pub const CUDNN_ATTR_OPERATION_ROPE_FWD_ROPE_DIM: u32 = 3404;
+    pub const CUDNN_ATTR_OPERATION_ROPE_BWD_DYDESC: u32 = 3410;
+    pub const CUDNN_ATTR_OPERATION_ROPE_BWD_DXDESC: u32 = 3411;
+    pub const CUDNN_ATTR_OPERATION_ROPE_BWD_FREQSDESC: u32 = 3412;
+    pub const CUDNN_ATTR_OPERATION_ROPE_BWD_OUTPUT_SCALE: u32 = 3413;
+    pub const CUDNN_ATTR_OPERATION_ROPE_BWD_ROPE_DIM: u32 = 3414;
     pub const CUDNN_ATTR_OPERATION_EXPAND_BAND_MATRIX_XDESC: u32 = 2250;
     pub const CUDNN_ATTR_OPERATION_EXPAND_BAND_MATRIX_YDESC: u32 = 2251;
     pub const CUDNN_ATTR_OPERATION_EXPAND_BAND_MATRIX_LOWER_BANDWIDTH: u32 = 2252;
@@ -4058,6 +4916,8 @@ pub mod cudnnBackendAttributeName_t {
     pub const CUDNN_ATTR_KERNEL_CACHE_OPERATION_GRAPH: u32 = 2400;
     pub const CUDNN_ATTR_KERNEL_CACHE_IS_ENGINECFG_KERNEL_CACHED: u32 = 2401;
     pub const CUDNN_ATTR_KERNEL_CACHE_JSON_REPRESENTATION: u32 = 2402;
+    pub const CUDNN_ATTR_KERNEL_CACHE_REVISION: u32 = 2403;
+    pub const CUDNN_ATTR_KERNEL_CACHE_ENTRY_COUNT: u32 = 2404;
     pub const CUDNN_ATTR_OPERATION_BLOCK_SCALE_QUANTIZE_XDESC: u32 = 2500;
     pub const CUDNN_ATTR_OPERATION_BLOCK_SCALE_QUANTIZE_YDESC: u32 = 2501;
     pub const CUDNN_ATTR_OPERATION_BLOCK_SCALE_QUANTIZE_SCALE_DESC: u32 = 2502;
@@ -4083,6 +4943,25 @@ pub mod cudnnBackendAttributeName_t {
     pub const CUDNN_ATTR_OPERATION_SDPA_FWD_PAGE_TABLE_VDESC: u32 = 2808;
     pub const CUDNN_ATTR_OPERATION_SDPA_FWD_SEQ_LEN_QDESC: u32 = 2809;
     pub const CUDNN_ATTR_OPERATION_SDPA_FWD_SEQ_LEN_KVDESC: u32 = 2810;
+    pub const CUDNN_ATTR_OPERATION_SDPA_FWD_SUBGRAPH: u32 = 2811;
+    pub const CUDNN_ATTR_OPERATION_SDPA_FWD_SUBGRAPH_INPUT_UID: u32 = 2812;
+    pub const CUDNN_ATTR_OPERATION_SDPA_FWD_SUBGRAPH_OUTPUT_UID: u32 = 2813;
+    pub const CUDNN_ATTR_OPERATION_SDPA_FWD_SOFTMAX_DESC: u32 = 2814;
+    pub const CUDNN_ATTR_OPERATION_SDPA_FWD_DROPOUT_SEED_DESC: u32 = 2815;
+    pub const CUDNN_ATTR_OPERATION_SDPA_FWD_DROPOUT_OFFSET_DESC: u32 = 2816;
+    pub const CUDNN_ATTR_OPERATION_SDPA_FWD_DROPOUT_RNG_DUMP_DESC: u32 = 2817;
+    pub const CUDNN_ATTR_OPERATION_SDPA_FWD_DROPOUT_PROBABILITY: u32 = 2818;
+    pub const CUDNN_ATTR_OPERATION_SDPA_FWD_UNFUSE_FMA: u32 = 2819;
+    pub const CUDNN_ATTR_OPERATION_SDPA_FWD_CU_SEQ_LEN_QDESC: u32 = 2820;
+    pub const CUDNN_ATTR_OPERATION_SDPA_FWD_CU_SEQ_LEN_KVDESC: u32 = 2821;
+    pub const CUDNN_ATTR_OPERATION_SDPA_FWD_DESCALE_QDESC: u32 = 2822;
+    pub const CUDNN_ATTR_OPERATION_SDPA_FWD_DESCALE_KDESC: u32 = 2823;
+    pub const CUDNN_ATTR_OPERATION_SDPA_FWD_DESCALE_VDESC: u32 = 2824;
+    pub const CUDNN_ATTR_OPERATION_SDPA_FWD_DESCALE_SDESC: u32 = 2825;
+    pub const CUDNN_ATTR_OPERATION_SDPA_FWD_SCALE_SDESC: u32 = 2826;
+    pub const CUDNN_ATTR_OPERATION_SDPA_FWD_SCALE_ODESC: u32 = 2827;
+    pub const CUDNN_ATTR_OPERATION_SDPA_FWD_AMAX_SDESC: u32 = 2828;
+    pub const CUDNN_ATTR_OPERATION_SDPA_FWD_AMAX_ODESC: u32 = 2829;
     pub const CUDNN_ATTR_OPERATION_SDPA_BWD_QDESC: u32 = 2851;
     pub const CUDNN_ATTR_OPERATION_SDPA_BWD_KDESC: u32 = 2852;
     pub const CUDNN_ATTR_OPERATION_SDPA_BWD_VDESC: u32 = 2853;
@@ -4095,6 +4974,19 @@ pub mod cudnnBackendAttributeName_t {
     pub const CUDNN_ATTR_OPERATION_SDPA_BWD_DKDESC: u32 = 2860;
     pub const CUDNN_ATTR_OPERATION_SDPA_BWD_DVDESC: u32 = 2861;
     pub const CUDNN_ATTR_OPERATION_SDPA_BWD_DODDESC: u32 = 2862;
+    pub const CUDNN_ATTR_OPERATION_SDPA_BWD_SINK_DESC: u32 = 2863;
+    pub const CUDNN_ATTR_OPERATION_SDPA_BWD_DSINK_DESC: u32 = 2864;
+    pub const CUDNN_ATTR_OPERATION_SDPA_BWD_MAX_TOTAL_SEQ_LEN_Q: u32 = 2865;
+    pub const CUDNN_ATTR_OPERATION_SDPA_BWD_MAX_TOTAL_SEQ_LEN_KV: u32 = 2866;
+    pub const CUDNN_ATTR_OPERATION_SDPA_BWD_SUBGRAPH: u32 = 2867;
+    pub const CUDNN_ATTR_OPERATION_SDPA_BWD_SUBGRAPH_INPUT_UID: u32 = 2868;
+    pub const CUDNN_ATTR_OPERATION_SDPA_BWD_SUBGRAPH_OUTPUT_UID: u32 = 2869;
+    pub const CUDNN_ATTR_OPERATION_SDPA_BWD_CU_SEQ_LEN_QDESC: u32 = 2870;
+    pub const CUDNN_ATTR_OPERATION_SDPA_BWD_CU_SEQ_LEN_KVDESC: u32 = 2871;
+    pub const CUDNN_ATTR_OPERATION_SDPA_BWD_DROPOUT_SEED_DESC: u32 = 2872;
+    pub const CUDNN_ATTR_OPERATION_SDPA_BWD_DROPOUT_OFFSET_DESC: u32 = 2873;
+    pub const CUDNN_ATTR_OPERATION_SDPA_BWD_DROPOUT_PROBABILITY: u32 = 2874;
+    pub const CUDNN_ATTR_OPERATION_SDPA_BWD_DBIAS_DESC: u32 = 2875;
     pub const CUDNN_ATTR_OPERATION_MOE_GROUPED_MATMUL_MODE: u32 = 2900;
     pub const CUDNN_ATTR_OPERATION_MOE_GROUPED_MATMUL_MATH_PREC: u32 = 2901;
     pub const CUDNN_ATTR_OPERATION_MOE_GROUPED_MATMUL_TOKEN_DESC: u32 = 2902;
@@ -4104,6 +4996,28 @@ pub mod cudnnBackendAttributeName_t {
     pub const CUDNN_ATTR_OPERATION_MOE_GROUPED_MATMUL_TOKEN_INDEX_DESC: u32 = 2906;
     pub const CUDNN_ATTR_OPERATION_MOE_GROUPED_MATMUL_TOKEN_KS_DESC: u32 = 2907;
     pub const CUDNN_ATTR_OPERATION_MOE_GROUPED_MATMUL_TOP_K: u32 = 2908;
+    pub const CUDNN_ATTR_OPERATION_MOE_GROUPED_MATMUL_BWD_MATH_PREC: u32 = 2951;
+    pub const CUDNN_ATTR_OPERATION_MOE_GROUPED_MATMUL_BWD_TOKEN_DESC: u32 = 2952;
+    pub const CUDNN_ATTR_OPERATION_MOE_GROUPED_MATMUL_BWD_DWEIGHT_DESC: u32 = 2953;
+    pub const CUDNN_ATTR_OPERATION_MOE_GROUPED_MATMUL_BWD_FIRST_TOKEN_OFFSET_DESC: u32 = 2954;
+    pub const CUDNN_ATTR_OPERATION_MOE_GROUPED_MATMUL_BWD_DOUTPUT_DESC: u32 = 2955;
+    pub const CUDNN_ATTR_OPERATION_DIAGONAL_BAND_MASK_XDESC: u32 = 3000;
+    pub const CUDNN_ATTR_OPERATION_DIAGONAL_BAND_MASK_SEQ_LEN_KVDESC: u32 = 3001;
+    pub const CUDNN_ATTR_OPERATION_DIAGONAL_BAND_MASK_SEQ_LEN_QDESC: u32 = 3002;
+    pub const CUDNN_ATTR_OPERATION_DIAGONAL_BAND_MASK_LEFT_BOUND_DESC: u32 = 3003;
+    pub const CUDNN_ATTR_OPERATION_DIAGONAL_BAND_MASK_SHIFT_RIGHT_BOUND_DESC: u32 = 3004;
+    pub const CUDNN_ATTR_OPERATION_DIAGONAL_BAND_MASK_BDESC: u32 = 3005;
+    pub const CUDNN_ATTR_OPERATION_DIAGONAL_BAND_MASK_YDESC: u32 = 3006;
+    pub const CUDNN_ATTR_OPERATION_DIAGONAL_BAND_MASK_COMPARISON_MODE: u32 = 3007;
+    pub const CUDNN_ATTR_OPERATION_DIAGONAL_BAND_MASK_CU_SEQ_LEN_KVDESC: u32 = 3008;
+    pub const CUDNN_ATTR_OPERATION_DIAGONAL_BAND_MASK_CU_SEQ_LEN_QDESC: u32 = 3009;
+    pub const CUDNN_ATTR_OPERATION_SOFTMAX_XDESC: u32 = 3100;
+    pub const CUDNN_ATTR_OPERATION_SOFTMAX_YDESC: u32 = 3101;
+    pub const CUDNN_ATTR_OPERATION_SOFTMAX_STATS_DESC: u32 = 3102;
+    pub const CUDNN_ATTR_OPERATION_SOFTMAX_MAX_DESC: u32 = 3103;
+    pub const CUDNN_ATTR_OPERATION_SOFTMAX_SUM_EXP_DESC: u32 = 3104;
+    pub const CUDNN_ATTR_OPERATION_SOFTMAX_SINK_DESC: u32 = 3105;
+    pub const CUDNN_ATTR_OPERATION_SOFTMAX_STATS_LOG2: u32 = 3106;
 }
 pub mod cudnnBackendAttributeType_t {
     pub const CUDNN_TYPE_HANDLE: u32 = 0;
@@ -4137,6 +5051,9 @@ pub mod cudnnBackendAttributeType_t {
     pub const CUDNN_TYPE_NORM_FWD_PHASE: u32 = 28;
     pub const CUDNN_TYPE_RNG_DISTRIBUTION: u32 = 29;
     pub const CUDNN_TYPE_MOE_GROUPED_MATMUL_MODE: u32 = 30;
+    pub const CUDNN_TYPE_RESHAPE_MODE: u32 = 31;
+    pub const CUDNN_TYPE_OPERATIONGRAPH_MODE: u32 = 32;
+    pub const CUDNN_TYPE_CUDA_GRAPH_RETENTION: u32 = 33;
 }
 pub mod cudnnBackendBehaviorNote_t {
     pub const CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION: u32 = 0;
@@ -4191,6 +5108,13 @@ pub mod cudnnBackendDescriptorType_t {
     pub const CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR: u32 = 41;
     pub const CUDNN_BACKEND_OPERATION_MOE_GROUPED_MATMUL_DESCRIPTOR: u32 = 42;
     pub const CUDNN_BACKEND_OPERATION_SDPA_BWD_DESCRIPTOR: u32 = 43;
+    pub const CUDNN_BACKEND_OPERATION_DIAGONAL_BAND_MASK_DESCRIPTOR: u32 = 44;
+    pub const CUDNN_BACKEND_OPERATION_SOFTMAX_DESCRIPTOR: u32 = 45;
+    pub const CUDNN_BACKEND_OPERATION_TRANSPOSE_DESCRIPTOR: u32 = 46;
+    pub const CUDNN_BACKEND_OPERATION_SLICE_DESCRIPTOR: u32 = 47;
+    pub const CUDNN_BACKEND_OPERATION_MOE_GROUPED_MATMUL_BWD_DESCRIPTOR: u32 = 48;
+    pub const CUDNN_BACKEND_OPERATION_ROPE_FWD_DESCRIPTOR: u32 = 49;
+    pub const CUDNN_BACKEND_OPERATION_ROPE_BWD_DESCRIPTOR: u32 = 50;
 }
 pub mod cudnnBackendHeurMode_t {
     pub const CUDNN_HEUR_MODE_INSTANT: u32 = 0;
@@ -4243,7 +5167,10 @@ pub mod cudnnBackendKnobType_t {
     pub const CUDNN_KNOB_TYPE_TILE_M: u32 = 40;
     pub const CUDNN_KNOB_TYPE_TILE_N: u32 = 41;
     pub const CUDNN_KNOB_TYPE_WARP_SPEC_CFG: u32 = 42;
-    pub const CUDNN_KNOB_TYPE_COUNTS: u32 = 43;
+    pub const CUDNN_KNOB_TYPE_SWAP_AB: u32 = 43;
+    pub const CUDNN_KNOB_TYPE_INPUT_TMA_ENABLE: u32 = 44;
+    pub const CUDNN_KNOB_TYPE_OUTPUT_TMA_ENABLE: u32 = 45;
+    pub const CUDNN_KNOB_TYPE_COUNTS: u32 = 46;
 }
 pub mod cudnnBackendLayoutType_t {
     pub const CUDNN_LAYOUT_TYPE_PREFERRED_NCHW: u32 = 0;
@@ -4276,6 +5203,29 @@ pub mod cudnnBackendNumericalNote_t {
     pub const CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_13x13: u32 = 8;
     pub const CUDNN_NUMERICAL_NOTE_STRICT_NAN_PROP: u32 = 9;
     pub const CUDNN_NUMERICAL_NOTE_TYPE_COUNT: u32 = 10;
+}
+pub mod cudnnBackendOperationGraphMode_t {
+    pub const CUDNN_OPERATIONGRAPH_MODE_AUTO: i32 = -1;
+    pub const CUDNN_OPERATIONGRAPH_MODE_CONV_FORWARD: i32 = 0;
+    pub const CUDNN_OPERATIONGRAPH_MODE_CONV_BWD_DATA: i32 = 1;
+    pub const CUDNN_OPERATIONGRAPH_MODE_CONV_BWD_FILTER: i32 = 2;
+    pub const CUDNN_OPERATIONGRAPH_MODE_NORM_FWD_INFER: i32 = 17;
+    pub const CUDNN_OPERATIONGRAPH_MODE_NORM_FWD_TRAIN: i32 = 18;
+    pub const CUDNN_OPERATIONGRAPH_MODE_NORM_BWD: i32 = 19;
+    pub const CUDNN_OPERATIONGRAPH_MODE_GENERIC_CONV_FUSION: i32 = 20;
+    pub const CUDNN_OPERATIONGRAPH_MODE_RESAMPLE_FWD: i32 = 22;
+    pub const CUDNN_OPERATIONGRAPH_MODE_RESAMPLE_BWD: i32 = 23;
+    pub const CUDNN_OPERATIONGRAPH_MODE_BLAS_MATMUL: i32 = 25;
+    pub const CUDNN_OPERATIONGRAPH_MODE_GENERIC_MATMUL_FUSION: i32 = 26;
+    pub const CUDNN_OPERATIONGRAPH_MODE_GENERIC_POINTWISE_FUSION: i32 = 27;
+    pub const CUDNN_OPERATIONGRAPH_MODE_SDPA_FWD: i32 = 28;
+    pub const CUDNN_OPERATIONGRAPH_MODE_SDPA_BWD: i32 = 29;
+    pub const CUDNN_OPERATIONGRAPH_MODE_UNIFIED_SDPA_FWD: i32 = 30;
+    pub const CUDNN_OPERATIONGRAPH_MODE_UNIFIED_SDPA_BWD: i32 = 31;
+}
+pub mod cudnnBackendReshapeMode_t {
+    pub const CUDNN_RESHAPE_VIEW_ONLY: u32 = 0;
+    pub const CUDNN_RESHAPE_LOGICAL: u32 = 1;
 }
 pub mod cudnnBackendTensorReordering_t {
     pub const CUDNN_TENSOR_REORDERING_NONE: u32 = 0;
@@ -4339,6 +5289,10 @@ pub mod cudnnConvolutionMode_t {
     pub const CUDNN_CONVOLUTION: u32 = 0;
     pub const CUDNN_CROSS_CORRELATION: u32 = 1;
 }
+pub mod cudnnCudaGraphRetention_t {
+    pub const CUDNN_CUDA_GRAPH_RETENTION_PER_GRAPH: u32 = 0;
+    pub const CUDNN_CUDA_GRAPH_RETENTION_NONE: u32 = 1;
+}
 pub mod cudnnDataType_t {
     pub const CUDNN_DATA_FLOAT: u32 = 0;
     pub const CUDNN_DATA_DOUBLE: u32 = 1;
@@ -4362,6 +5316,8 @@ pub mod cudnnDataType_t {
     pub const CUDNN_DATA_UINT32: u32 = 19;
     pub const CUDNN_DATA_COMPLEX_FP32: u32 = 20;
     pub const CUDNN_DATA_COMPLEX_FP64: u32 = 21;
+    pub const CUDNN_DATA_BYTE_BOOLEAN: u32 = 22;
+    pub const CUDNN_DATA_FP8_E5M3: u32 = 23;
 }
 pub mod cudnnDeterminism_t {
     pub const CUDNN_NON_DETERMINISTIC: u32 = 0;
@@ -4564,6 +5520,7 @@ pub mod cudnnPointwiseMode_t {
     pub const CUDNN_POINTWISE_IDENTITY: u32 = 21;
     pub const CUDNN_POINTWISE_RECIPROCAL: u32 = 22;
     pub const CUDNN_POINTWISE_ATAN2: u32 = 23;
+    pub const CUDNN_POINTWISE_FLOOR_MOD: u32 = 24;
     pub const CUDNN_POINTWISE_RELU_FWD: u32 = 100;
     pub const CUDNN_POINTWISE_TANH_FWD: u32 = 101;
     pub const CUDNN_POINTWISE_SIGMOID_FWD: u32 = 102;
@@ -4726,6 +5683,7 @@ pub mod cudnnStatus_t {
     pub const CUDNN_STATUS_NOT_SUPPORTED_PADDING: u32 = 3011;
     pub const CUDNN_STATUS_NOT_SUPPORTED_BAD_LAUNCH_PARAM: u32 = 3012;
     pub const CUDNN_STATUS_NOT_SUPPORTED_CUDA_GRAPH_NATIVE_API: u32 = 3013;
+    pub const CUDNN_STATUS_NOT_SUPPORTED_INVALID_DYNAMIC_SHAPE: u32 = 3014;
     pub const CUDNN_STATUS_INTERNAL_ERROR: u32 = 4000;
     pub const CUDNN_STATUS_INTERNAL_ERROR_COMPILATION_FAILED: u32 = 4001;
     pub const CUDNN_STATUS_INTERNAL_ERROR_UNEXPECTED_VALUE: u32 = 4002;
@@ -4760,6 +5718,8 @@ pub mod cufftCompatibility_t {
 pub mod cufftProperty_t {
     pub const NVFFT_PLAN_PROPERTY_INT64_PATIENT_JIT: u32 = 1;
     pub const NVFFT_PLAN_PROPERTY_INT64_MAX_NUM_HOST_THREADS: u32 = 2;
+    pub const NVFFT_PLAN_PROPERTY_INT64_BLUESTEIN_ONLY: u32 = 3;
+    pub const NVFFT_PLAN_PROPERTY_INT64_DISABLE_FMA: u32 = 4;
 }
 pub mod cufftResult_t {
     pub const CUFFT_SUCCESS: u32 = 0;
@@ -4904,6 +5864,15 @@ pub mod cusolverDnFunction_t {
     pub const CUSOLVERDN_GETRF: u32 = 0;
     pub const CUSOLVERDN_POTRF: u32 = 1;
     pub const CUSOLVERDN_SYEVBATCHED: u32 = 2;
+    pub const CUSOLVERDN_GEQRF: u32 = 3;
+    pub const CUSOLVERDN_SYEVD: u32 = 4;
+    pub const CUSOLVERDN_GESVD: u32 = 5;
+    pub const CUSOLVERDN_GEEV: u32 = 6;
+}
+pub mod cusolverEigComp_t {
+    pub const CUSOLVER_EIG_COMP_N: u32 = 10;
+    pub const CUSOLVER_EIG_COMP_I: u32 = 11;
+    pub const CUSOLVER_EIG_COMP_V: u32 = 12;
 }
 pub mod cusolverEigMode_t {
     pub const CUSOLVER_EIG_MODE_NOVECTOR: u32 = 0;
@@ -4934,6 +5903,8 @@ pub mod cusolverIRSRefinement_t {
 pub mod cusolverMathMode_t {
     pub const CUSOLVER_DEFAULT_MATH: u32 = 1;
     pub const CUSOLVER_FP32_EMULATED_BF16X9_MATH: u32 = 2;
+    pub const CUSOLVER_FP64_EMULATED_FIXEDPOINT_MATH: u32 = 4;
+    pub const CUSOLVER_FP32_FP64_EMULATED_MATH: u32 = 6;
 }
 pub mod cusolverNorm_t {
     pub const CUSOLVER_INF_NORM: u32 = 104;
@@ -5155,6 +6126,10 @@ pub mod cusparseSolvePolicy_t {
     pub const CUSPARSE_SOLVE_POLICY_NO_LEVEL: u32 = 0;
     pub const CUSPARSE_SOLVE_POLICY_USE_LEVEL: u32 = 1;
 }
+pub mod cusparseSpGEAMAlg_t {
+    pub const CUSPARSE_SPGEAM_ALG_DEFAULT: u32 = 0;
+    pub const CUSPARSE_SPGEAM_ALG1: u32 = 1;
+}
 pub mod cusparseSpGEMMAlg_t {
     pub const CUSPARSE_SPGEMM_DEFAULT: u32 = 0;
     pub const CUSPARSE_SPGEMM_CSR_ALG_DETERMINITIC: u32 = 1;
@@ -5190,6 +6165,13 @@ pub mod cusparseSpMVAlg_t {
 pub mod cusparseSpMatAttribute_t {
     pub const CUSPARSE_SPMAT_FILL_MODE: u32 = 0;
     pub const CUSPARSE_SPMAT_DIAG_TYPE: u32 = 1;
+    pub const CUSPARSE_SPMAT_STORAGE: u32 = 2;
+    pub const CUSPARSE_SPMAT_SYMMETRY_TYPE: u32 = 3;
+}
+pub mod cusparseSpMatStorage_t {
+    pub const CUSPARSE_STORE_FULL: u32 = 0;
+    pub const CUSPARSE_STORE_LOWER: u32 = 1;
+    pub const CUSPARSE_STORE_UPPER: u32 = 2;
 }
 pub mod cusparseSpSMAlg_t {
     pub const CUSPARSE_SPSM_ALG_DEFAULT: u32 = 0;
@@ -5200,6 +6182,8 @@ pub mod cusparseSpSMUpdate_t {
 }
 pub mod cusparseSpSVAlg_t {
     pub const CUSPARSE_SPSV_ALG_DEFAULT: u32 = 0;
+    pub const CUSPARSE_SPSV_ALG1: u32 = 1;
+    pub const CUSPARSE_SPSV_ALG2: u32 = 2;
 }
 pub mod cusparseSpSVUpdate_t {
     pub const CUSPARSE_SPSV_UPDATE_GENERAL: u32 = 0;
@@ -5222,6 +6206,11 @@ pub mod cusparseStatus_t {
     pub const CUSPARSE_STATUS_NOT_SUPPORTED: u32 = 10;
     pub const CUSPARSE_STATUS_INSUFFICIENT_RESOURCES: u32 = 11;
 }
+pub mod cusparseSymmetryType_t {
+    pub const CUSPARSE_GENERAL: u32 = 0;
+    pub const CUSPARSE_SYMMETRIC: u32 = 1;
+    pub const CUSPARSE_HERMITIAN: u32 = 2;
+}
 pub mod libFormat_t {
     pub const LIB_FORMAT_CUFFT: u32 = 0;
     pub const LIB_FORMAT_UNDEFINED: u32 = 1;
@@ -5230,6 +6219,12 @@ pub mod libraryPropertyType_t {
     pub const MAJOR_VERSION: u32 = 0;
     pub const MINOR_VERSION: u32 = 1;
     pub const PATCH_LEVEL: u32 = 2;
+}
+pub mod ncclCommMemStat_t {
+    pub const ncclStatGpuMemSuspend: u32 = 0;
+    pub const ncclStatGpuMemSuspended: u32 = 1;
+    pub const ncclStatGpuMemPersist: u32 = 2;
+    pub const ncclStatGpuMemTotal: u32 = 3;
 }
 pub mod ncclDataType_t {
     pub const ncclInt8: u32 = 0;
@@ -5250,6 +6245,23 @@ pub mod ncclDataType_t {
     pub const ncclFloat8e4m3: u32 = 10;
     pub const ncclFloat8e5m2: u32 = 11;
     pub const ncclNumTypes: u32 = 12;
+}
+pub mod ncclEncryptionMode_t {
+    pub const NCCL_ENCRYPTION_MODE_NONE: u32 = 0;
+    pub const NCCL_ENCRYPTION_MODE_PSK: u32 = 1;
+}
+pub mod ncclHostCftMode_t {
+    pub const ncclHostCftDefault: i32 = -2147483648;
+    pub const ncclHostCftEnable: i32 = 1;
+    pub const ncclHostCftDisable: i32 = 2;
+    pub const ncclHostCftFallback: i32 = 3;
+}
+pub mod ncclNvlsHostMode_t {
+    pub const ncclNvlsHostModeDefault: i32 = -2147483648;
+    pub const ncclNvlsHostModeEnable: i32 = 0;
+    pub const ncclNvlsHostModeDisableTransport: i32 = 1;
+    pub const ncclNvlsHostModeDisableSymmetricMultimem: i32 = 2;
+    pub const ncclNvlsHostModeDisable: i32 = 2147483647;
 }
 pub mod ncclRedOp_dummy_t {
     pub const ncclNumOps_dummy: u32 = 5;
@@ -5272,7 +6284,8 @@ pub mod ncclResult_t {
     pub const ncclInvalidUsage: u32 = 5;
     pub const ncclRemoteError: u32 = 6;
     pub const ncclInProgress: u32 = 7;
-    pub const ncclNumResults: u32 = 8;
+    pub const ncclTimeout: u32 = 8;
+    pub const ncclNumResults: u32 = 9;
 }
 pub mod ncclScalarResidence_t {
     pub const ncclScalarDevice: u32 = 0;
@@ -5329,11 +6342,17 @@ pub mod nvmlBrandType_enum {
     pub const NVML_BRAND_NVIDIA: u32 = 14;
     pub const NVML_BRAND_GEFORCE_RTX: u32 = 15;
     pub const NVML_BRAND_TITAN_RTX: u32 = 16;
-    pub const NVML_BRAND_COUNT: u32 = 18;
+    pub const NVML_BRAND_NVIDIA_DLA: u32 = 17;
+    pub const NVML_BRAND_NVIDIA_NPU: u32 = 19;
+    pub const NVML_BRAND_NVIDIA_VGAMEDEV: u32 = 18;
+    pub const NVML_BRAND_COUNT: u32 = 20;
 }
 pub mod nvmlBridgeChipType_enum {
     pub const NVML_BRIDGE_CHIP_PLX: u32 = 0;
     pub const NVML_BRIDGE_CHIP_BRO4: u32 = 1;
+}
+pub mod nvmlCPERType_t {
+    pub const NVML_CPER_ACCESS_TYPE_GPU: u32 = 1;
 }
 pub mod nvmlClockId_enum {
     pub const NVML_CLOCK_ID_CURRENT: u32 = 0;
@@ -5389,6 +6408,9 @@ pub mod nvmlDeviceGpuRecoveryAction_s {
     pub const NVML_GPU_RECOVERY_ACTION_NODE_REBOOT: u32 = 2;
     pub const NVML_GPU_RECOVERY_ACTION_DRAIN_P2P: u32 = 3;
     pub const NVML_GPU_RECOVERY_ACTION_DRAIN_AND_RESET: u32 = 4;
+    pub const NVML_GPU_RECOVERY_ACTION_RECOVER_IMEX_DOMAIN: u32 = 5;
+    pub const NVML_GPU_RECOVERY_ACTION_BUS_RESET: u32 = 6;
+    pub const NVML_GPU_RECOVERY_ACTION_SYSTEM_REBOOT: u32 = 7;
 }
 pub mod nvmlDeviceVgpuCapability_enum {
     pub const NVML_DEVICE_VGPU_CAP_FRACTIONAL_MULTI_VGPU: u32 = 0;
@@ -5403,7 +6425,8 @@ pub mod nvmlDeviceVgpuCapability_enum {
     pub const NVML_DEVICE_VGPU_CAP_HOMOGENEOUS_PLACEMENTS: u32 = 9;
     pub const NVML_DEVICE_VGPU_CAP_MIG_TIMESLICING_SUPPORTED: u32 = 10;
     pub const NVML_DEVICE_VGPU_CAP_MIG_TIMESLICING_ENABLED: u32 = 11;
-    pub const NVML_DEVICE_VGPU_CAP_COUNT: u32 = 12;
+    pub const NVML_DEVICE_VGPU_CAP_UVM_STUN: u32 = 12;
+    pub const NVML_DEVICE_VGPU_CAP_COUNT: u32 = 13;
 }
 pub mod nvmlDriverModel_enum {
     pub const NVML_DRIVER_WDDM: u32 = 0;
@@ -5424,6 +6447,10 @@ pub mod nvmlEncoderQueryType_enum {
     pub const NVML_ENCODER_QUERY_HEVC: u32 = 1;
     pub const NVML_ENCODER_QUERY_AV1: u32 = 2;
     pub const NVML_ENCODER_QUERY_UNKNOWN: u32 = 255;
+}
+pub mod nvmlEventDataType_t {
+    pub const NVML_EVENT_DATA_TYPE_NVML_EVENT: u32 = 0;
+    pub const NVML_EVENT_DATA_TYPE_GPU_OPERATIONAL_EVENT: u32 = 1;
 }
 pub mod nvmlFBCSessionType_enum {
     pub const NVML_FBC_SESSION_TYPE_UNKNOWN: u32 = 0;
@@ -5449,6 +6476,7 @@ pub mod nvmlGpmMetricId_t {
     pub const NVML_GPM_METRIC_ANY_TENSOR_UTIL: u32 = 5;
     pub const NVML_GPM_METRIC_DFMA_TENSOR_UTIL: u32 = 6;
     pub const NVML_GPM_METRIC_HMMA_TENSOR_UTIL: u32 = 7;
+    pub const NVML_GPM_METRIC_DMMA_TENSOR_UTIL: u32 = 8;
     pub const NVML_GPM_METRIC_IMMA_TENSOR_UTIL: u32 = 9;
     pub const NVML_GPM_METRIC_DRAM_BW_UTIL: u32 = 10;
     pub const NVML_GPM_METRIC_FP64_UTIL: u32 = 11;
@@ -5622,7 +6650,272 @@ pub mod nvmlGpmMetricId_t {
     pub const NVML_GPM_METRIC_GR7_CTXSW_REQUESTS: u32 = 207;
     pub const NVML_GPM_METRIC_GR7_CTXSW_CYCLES_PER_REQ: u32 = 208;
     pub const NVML_GPM_METRIC_GR7_CTXSW_ACTIVE_PCT: u32 = 209;
-    pub const NVML_GPM_METRIC_MAX: u32 = 210;
+    pub const NVML_GPM_METRIC_NVLINK_L18_RX_PER_SEC: u32 = 212;
+    pub const NVML_GPM_METRIC_NVLINK_L18_TX_PER_SEC: u32 = 213;
+    pub const NVML_GPM_METRIC_NVLINK_L19_RX_PER_SEC: u32 = 214;
+    pub const NVML_GPM_METRIC_NVLINK_L19_TX_PER_SEC: u32 = 215;
+    pub const NVML_GPM_METRIC_NVLINK_L20_RX_PER_SEC: u32 = 216;
+    pub const NVML_GPM_METRIC_NVLINK_L20_TX_PER_SEC: u32 = 217;
+    pub const NVML_GPM_METRIC_NVLINK_L21_RX_PER_SEC: u32 = 218;
+    pub const NVML_GPM_METRIC_NVLINK_L21_TX_PER_SEC: u32 = 219;
+    pub const NVML_GPM_METRIC_NVLINK_L22_RX_PER_SEC: u32 = 220;
+    pub const NVML_GPM_METRIC_NVLINK_L22_TX_PER_SEC: u32 = 221;
+    pub const NVML_GPM_METRIC_NVLINK_L23_RX_PER_SEC: u32 = 222;
+    pub const NVML_GPM_METRIC_NVLINK_L23_TX_PER_SEC: u32 = 223;
+    pub const NVML_GPM_METRIC_NVLINK_L24_RX_PER_SEC: u32 = 224;
+    pub const NVML_GPM_METRIC_NVLINK_L24_TX_PER_SEC: u32 = 225;
+    pub const NVML_GPM_METRIC_NVLINK_L25_RX_PER_SEC: u32 = 226;
+    pub const NVML_GPM_METRIC_NVLINK_L25_TX_PER_SEC: u32 = 227;
+    pub const NVML_GPM_METRIC_NVLINK_L26_RX_PER_SEC: u32 = 228;
+    pub const NVML_GPM_METRIC_NVLINK_L26_TX_PER_SEC: u32 = 229;
+    pub const NVML_GPM_METRIC_NVLINK_L27_RX_PER_SEC: u32 = 230;
+    pub const NVML_GPM_METRIC_NVLINK_L27_TX_PER_SEC: u32 = 231;
+    pub const NVML_GPM_METRIC_NVLINK_L28_RX_PER_SEC: u32 = 232;
+    pub const NVML_GPM_METRIC_NVLINK_L28_TX_PER_SEC: u32 = 233;
+    pub const NVML_GPM_METRIC_NVLINK_L29_RX_PER_SEC: u32 = 234;
+    pub const NVML_GPM_METRIC_NVLINK_L29_TX_PER_SEC: u32 = 235;
+    pub const NVML_GPM_METRIC_NVLINK_L30_RX_PER_SEC: u32 = 236;
+    pub const NVML_GPM_METRIC_NVLINK_L30_TX_PER_SEC: u32 = 237;
+    pub const NVML_GPM_METRIC_NVLINK_L31_RX_PER_SEC: u32 = 238;
+    pub const NVML_GPM_METRIC_NVLINK_L31_TX_PER_SEC: u32 = 239;
+    pub const NVML_GPM_METRIC_NVLINK_L32_RX_PER_SEC: u32 = 240;
+    pub const NVML_GPM_METRIC_NVLINK_L32_TX_PER_SEC: u32 = 241;
+    pub const NVML_GPM_METRIC_NVLINK_L33_RX_PER_SEC: u32 = 242;
+    pub const NVML_GPM_METRIC_NVLINK_L33_TX_PER_SEC: u32 = 243;
+    pub const NVML_GPM_METRIC_NVLINK_L34_RX_PER_SEC: u32 = 244;
+    pub const NVML_GPM_METRIC_NVLINK_L34_TX_PER_SEC: u32 = 245;
+    pub const NVML_GPM_METRIC_NVLINK_L35_RX_PER_SEC: u32 = 246;
+    pub const NVML_GPM_METRIC_NVLINK_L35_TX_PER_SEC: u32 = 247;
+    pub const NVML_GPM_METRIC_SM_CYCLES_ELAPSED: u32 = 248;
+    pub const NVML_GPM_METRIC_SM_CYCLES_ACTIVE: u32 = 249;
+    pub const NVML_GPM_METRIC_MMA_CYCLES_ACTIVE: u32 = 250;
+    pub const NVML_GPM_METRIC_DMMA_CYCLES_ACTIVE: u32 = 251;
+    pub const NVML_GPM_METRIC_HMMA_CYCLES_ACTIVE: u32 = 252;
+    pub const NVML_GPM_METRIC_IMMA_CYCLES_ACTIVE: u32 = 253;
+    pub const NVML_GPM_METRIC_DFMA_CYCLES_ACTIVE: u32 = 254;
+    pub const NVML_GPM_METRIC_PCIE_TX: u32 = 255;
+    pub const NVML_GPM_METRIC_PCIE_RX: u32 = 256;
+    pub const NVML_GPM_METRIC_INTEGER_CYCLES_ACTIVE: u32 = 257;
+    pub const NVML_GPM_METRIC_FP64_CYCLES_ACTIVE: u32 = 258;
+    pub const NVML_GPM_METRIC_FP32_CYCLES_ACTIVE: u32 = 259;
+    pub const NVML_GPM_METRIC_FP16_CYCLES_ACTIVE: u32 = 260;
+    pub const NVML_GPM_METRIC_NVLINK_L0_RX: u32 = 261;
+    pub const NVML_GPM_METRIC_NVLINK_L0_TX: u32 = 262;
+    pub const NVML_GPM_METRIC_NVLINK_L1_RX: u32 = 263;
+    pub const NVML_GPM_METRIC_NVLINK_L1_TX: u32 = 264;
+    pub const NVML_GPM_METRIC_NVLINK_L2_RX: u32 = 265;
+    pub const NVML_GPM_METRIC_NVLINK_L2_TX: u32 = 266;
+    pub const NVML_GPM_METRIC_NVLINK_L3_RX: u32 = 267;
+    pub const NVML_GPM_METRIC_NVLINK_L3_TX: u32 = 268;
+    pub const NVML_GPM_METRIC_NVLINK_L4_RX: u32 = 269;
+    pub const NVML_GPM_METRIC_NVLINK_L4_TX: u32 = 270;
+    pub const NVML_GPM_METRIC_NVLINK_L5_RX: u32 = 271;
+    pub const NVML_GPM_METRIC_NVLINK_L5_TX: u32 = 272;
+    pub const NVML_GPM_METRIC_NVLINK_L6_RX: u32 = 273;
+    pub const NVML_GPM_METRIC_NVLINK_L6_TX: u32 = 274;
+    pub const NVML_GPM_METRIC_NVLINK_L7_RX: u32 = 275;
+    pub const NVML_GPM_METRIC_NVLINK_L7_TX: u32 = 276;
+    pub const NVML_GPM_METRIC_NVLINK_L8_RX: u32 = 277;
+    pub const NVML_GPM_METRIC_NVLINK_L8_TX: u32 = 278;
+    pub const NVML_GPM_METRIC_NVLINK_L9_RX: u32 = 279;
+    pub const NVML_GPM_METRIC_NVLINK_L9_TX: u32 = 280;
+    pub const NVML_GPM_METRIC_NVLINK_L10_RX: u32 = 281;
+    pub const NVML_GPM_METRIC_NVLINK_L10_TX: u32 = 282;
+    pub const NVML_GPM_METRIC_NVLINK_L11_RX: u32 = 283;
+    pub const NVML_GPM_METRIC_NVLINK_L11_TX: u32 = 284;
+    pub const NVML_GPM_METRIC_NVLINK_L12_RX: u32 = 285;
+    pub const NVML_GPM_METRIC_NVLINK_L12_TX: u32 = 286;
+    pub const NVML_GPM_METRIC_NVLINK_L13_RX: u32 = 287;
+    pub const NVML_GPM_METRIC_NVLINK_L13_TX: u32 = 288;
+    pub const NVML_GPM_METRIC_NVLINK_L14_RX: u32 = 289;
+    pub const NVML_GPM_METRIC_NVLINK_L14_TX: u32 = 290;
+    pub const NVML_GPM_METRIC_NVLINK_L15_RX: u32 = 291;
+    pub const NVML_GPM_METRIC_NVLINK_L15_TX: u32 = 292;
+    pub const NVML_GPM_METRIC_NVLINK_L16_RX: u32 = 293;
+    pub const NVML_GPM_METRIC_NVLINK_L16_TX: u32 = 294;
+    pub const NVML_GPM_METRIC_NVLINK_L17_RX: u32 = 295;
+    pub const NVML_GPM_METRIC_NVLINK_L17_TX: u32 = 296;
+    pub const NVML_GPM_METRIC_NVLINK_L18_RX: u32 = 297;
+    pub const NVML_GPM_METRIC_NVLINK_L18_TX: u32 = 298;
+    pub const NVML_GPM_METRIC_NVLINK_L19_RX: u32 = 299;
+    pub const NVML_GPM_METRIC_NVLINK_L19_TX: u32 = 300;
+    pub const NVML_GPM_METRIC_NVLINK_L20_RX: u32 = 301;
+    pub const NVML_GPM_METRIC_NVLINK_L20_TX: u32 = 302;
+    pub const NVML_GPM_METRIC_NVLINK_L21_RX: u32 = 303;
+    pub const NVML_GPM_METRIC_NVLINK_L21_TX: u32 = 304;
+    pub const NVML_GPM_METRIC_NVLINK_L22_RX: u32 = 305;
+    pub const NVML_GPM_METRIC_NVLINK_L22_TX: u32 = 306;
+    pub const NVML_GPM_METRIC_NVLINK_L23_RX: u32 = 307;
+    pub const NVML_GPM_METRIC_NVLINK_L23_TX: u32 = 308;
+    pub const NVML_GPM_METRIC_NVLINK_L24_RX: u32 = 309;
+    pub const NVML_GPM_METRIC_NVLINK_L24_TX: u32 = 310;
+    pub const NVML_GPM_METRIC_NVLINK_L25_RX: u32 = 311;
+    pub const NVML_GPM_METRIC_NVLINK_L25_TX: u32 = 312;
+    pub const NVML_GPM_METRIC_NVLINK_L26_RX: u32 = 313;
+    pub const NVML_GPM_METRIC_NVLINK_L26_TX: u32 = 314;
+    pub const NVML_GPM_METRIC_NVLINK_L27_RX: u32 = 315;
+    pub const NVML_GPM_METRIC_NVLINK_L27_TX: u32 = 316;
+    pub const NVML_GPM_METRIC_NVLINK_L28_RX: u32 = 317;
+    pub const NVML_GPM_METRIC_NVLINK_L28_TX: u32 = 318;
+    pub const NVML_GPM_METRIC_NVLINK_L29_RX: u32 = 319;
+    pub const NVML_GPM_METRIC_NVLINK_L29_TX: u32 = 320;
+    pub const NVML_GPM_METRIC_NVLINK_L30_RX: u32 = 321;
+    pub const NVML_GPM_METRIC_NVLINK_L30_TX: u32 = 322;
+    pub const NVML_GPM_METRIC_NVLINK_L31_RX: u32 = 323;
+    pub const NVML_GPM_METRIC_NVLINK_L31_TX: u32 = 324;
+    pub const NVML_GPM_METRIC_NVLINK_L32_RX: u32 = 325;
+    pub const NVML_GPM_METRIC_NVLINK_L32_TX: u32 = 326;
+    pub const NVML_GPM_METRIC_NVLINK_L33_RX: u32 = 327;
+    pub const NVML_GPM_METRIC_NVLINK_L33_TX: u32 = 328;
+    pub const NVML_GPM_METRIC_NVLINK_L34_RX: u32 = 329;
+    pub const NVML_GPM_METRIC_NVLINK_L34_TX: u32 = 330;
+    pub const NVML_GPM_METRIC_NVLINK_L35_RX: u32 = 331;
+    pub const NVML_GPM_METRIC_NVLINK_L35_TX: u32 = 332;
+    pub const NVML_GPM_METRIC_NVLINK_L36_RX: u32 = 333;
+    pub const NVML_GPM_METRIC_NVLINK_L36_TX: u32 = 334;
+    pub const NVML_GPM_METRIC_NVLINK_L37_RX: u32 = 335;
+    pub const NVML_GPM_METRIC_NVLINK_L37_TX: u32 = 336;
+    pub const NVML_GPM_METRIC_NVLINK_L38_RX: u32 = 337;
+    pub const NVML_GPM_METRIC_NVLINK_L38_TX: u32 = 338;
+    pub const NVML_GPM_METRIC_NVLINK_L39_RX: u32 = 339;
+    pub const NVML_GPM_METRIC_NVLINK_L39_TX: u32 = 340;
+    pub const NVML_GPM_METRIC_NVLINK_L40_RX: u32 = 341;
+    pub const NVML_GPM_METRIC_NVLINK_L40_TX: u32 = 342;
+    pub const NVML_GPM_METRIC_NVLINK_L41_RX: u32 = 343;
+    pub const NVML_GPM_METRIC_NVLINK_L41_TX: u32 = 344;
+    pub const NVML_GPM_METRIC_NVLINK_L42_RX: u32 = 345;
+    pub const NVML_GPM_METRIC_NVLINK_L42_TX: u32 = 346;
+    pub const NVML_GPM_METRIC_NVLINK_L43_RX: u32 = 347;
+    pub const NVML_GPM_METRIC_NVLINK_L43_TX: u32 = 348;
+    pub const NVML_GPM_METRIC_NVLINK_L44_RX: u32 = 349;
+    pub const NVML_GPM_METRIC_NVLINK_L44_TX: u32 = 350;
+    pub const NVML_GPM_METRIC_NVLINK_L45_RX: u32 = 351;
+    pub const NVML_GPM_METRIC_NVLINK_L45_TX: u32 = 352;
+    pub const NVML_GPM_METRIC_NVLINK_L46_RX: u32 = 353;
+    pub const NVML_GPM_METRIC_NVLINK_L46_TX: u32 = 354;
+    pub const NVML_GPM_METRIC_NVLINK_L47_RX: u32 = 355;
+    pub const NVML_GPM_METRIC_NVLINK_L47_TX: u32 = 356;
+    pub const NVML_GPM_METRIC_NVLINK_L48_RX: u32 = 357;
+    pub const NVML_GPM_METRIC_NVLINK_L48_TX: u32 = 358;
+    pub const NVML_GPM_METRIC_NVLINK_L49_RX: u32 = 359;
+    pub const NVML_GPM_METRIC_NVLINK_L49_TX: u32 = 360;
+    pub const NVML_GPM_METRIC_NVLINK_L50_RX: u32 = 361;
+    pub const NVML_GPM_METRIC_NVLINK_L50_TX: u32 = 362;
+    pub const NVML_GPM_METRIC_NVLINK_L51_RX: u32 = 363;
+    pub const NVML_GPM_METRIC_NVLINK_L51_TX: u32 = 364;
+    pub const NVML_GPM_METRIC_NVLINK_L52_RX: u32 = 365;
+    pub const NVML_GPM_METRIC_NVLINK_L52_TX: u32 = 366;
+    pub const NVML_GPM_METRIC_NVLINK_L53_RX: u32 = 367;
+    pub const NVML_GPM_METRIC_NVLINK_L53_TX: u32 = 368;
+    pub const NVML_GPM_METRIC_NVLINK_L54_RX: u32 = 369;
+    pub const NVML_GPM_METRIC_NVLINK_L54_TX: u32 = 370;
+    pub const NVML_GPM_METRIC_NVLINK_L55_RX: u32 = 371;
+    pub const NVML_GPM_METRIC_NVLINK_L55_TX: u32 = 372;
+    pub const NVML_GPM_METRIC_NVLINK_L56_RX: u32 = 373;
+    pub const NVML_GPM_METRIC_NVLINK_L56_TX: u32 = 374;
+    pub const NVML_GPM_METRIC_NVLINK_L57_RX: u32 = 375;
+    pub const NVML_GPM_METRIC_NVLINK_L57_TX: u32 = 376;
+    pub const NVML_GPM_METRIC_NVLINK_L58_RX: u32 = 377;
+    pub const NVML_GPM_METRIC_NVLINK_L58_TX: u32 = 378;
+    pub const NVML_GPM_METRIC_NVLINK_L59_RX: u32 = 379;
+    pub const NVML_GPM_METRIC_NVLINK_L59_TX: u32 = 380;
+    pub const NVML_GPM_METRIC_NVLINK_L60_RX: u32 = 381;
+    pub const NVML_GPM_METRIC_NVLINK_L60_TX: u32 = 382;
+    pub const NVML_GPM_METRIC_NVLINK_L61_RX: u32 = 383;
+    pub const NVML_GPM_METRIC_NVLINK_L61_TX: u32 = 384;
+    pub const NVML_GPM_METRIC_NVLINK_L62_RX: u32 = 385;
+    pub const NVML_GPM_METRIC_NVLINK_L62_TX: u32 = 386;
+    pub const NVML_GPM_METRIC_NVLINK_L63_RX: u32 = 387;
+    pub const NVML_GPM_METRIC_NVLINK_L63_TX: u32 = 388;
+    pub const NVML_GPM_METRIC_NVLINK_L64_RX: u32 = 389;
+    pub const NVML_GPM_METRIC_NVLINK_L64_TX: u32 = 390;
+    pub const NVML_GPM_METRIC_NVLINK_L65_RX: u32 = 391;
+    pub const NVML_GPM_METRIC_NVLINK_L65_TX: u32 = 392;
+    pub const NVML_GPM_METRIC_NVLINK_L66_RX: u32 = 393;
+    pub const NVML_GPM_METRIC_NVLINK_L66_TX: u32 = 394;
+    pub const NVML_GPM_METRIC_NVLINK_L67_RX: u32 = 395;
+    pub const NVML_GPM_METRIC_NVLINK_L67_TX: u32 = 396;
+    pub const NVML_GPM_METRIC_NVLINK_L68_RX: u32 = 397;
+    pub const NVML_GPM_METRIC_NVLINK_L68_TX: u32 = 398;
+    pub const NVML_GPM_METRIC_NVLINK_L69_RX: u32 = 399;
+    pub const NVML_GPM_METRIC_NVLINK_L69_TX: u32 = 400;
+    pub const NVML_GPM_METRIC_NVLINK_L70_RX: u32 = 401;
+    pub const NVML_GPM_METRIC_NVLINK_L70_TX: u32 = 402;
+    pub const NVML_GPM_METRIC_NVLINK_L71_RX: u32 = 403;
+    pub const NVML_GPM_METRIC_NVLINK_L71_TX: u32 = 404;
+    pub const NVML_GPM_METRIC_NVLINK_L36_RX_PER_SEC: u32 = 405;
+    pub const NVML_GPM_METRIC_NVLINK_L36_TX_PER_SEC: u32 = 406;
+    pub const NVML_GPM_METRIC_NVLINK_L37_RX_PER_SEC: u32 = 407;
+    pub const NVML_GPM_METRIC_NVLINK_L37_TX_PER_SEC: u32 = 408;
+    pub const NVML_GPM_METRIC_NVLINK_L38_RX_PER_SEC: u32 = 409;
+    pub const NVML_GPM_METRIC_NVLINK_L38_TX_PER_SEC: u32 = 410;
+    pub const NVML_GPM_METRIC_NVLINK_L39_RX_PER_SEC: u32 = 411;
+    pub const NVML_GPM_METRIC_NVLINK_L39_TX_PER_SEC: u32 = 412;
+    pub const NVML_GPM_METRIC_NVLINK_L40_RX_PER_SEC: u32 = 413;
+    pub const NVML_GPM_METRIC_NVLINK_L40_TX_PER_SEC: u32 = 414;
+    pub const NVML_GPM_METRIC_NVLINK_L41_RX_PER_SEC: u32 = 415;
+    pub const NVML_GPM_METRIC_NVLINK_L41_TX_PER_SEC: u32 = 416;
+    pub const NVML_GPM_METRIC_NVLINK_L42_RX_PER_SEC: u32 = 417;
+    pub const NVML_GPM_METRIC_NVLINK_L42_TX_PER_SEC: u32 = 418;
+    pub const NVML_GPM_METRIC_NVLINK_L43_RX_PER_SEC: u32 = 419;
+    pub const NVML_GPM_METRIC_NVLINK_L43_TX_PER_SEC: u32 = 420;
+    pub const NVML_GPM_METRIC_NVLINK_L44_RX_PER_SEC: u32 = 421;
+    pub const NVML_GPM_METRIC_NVLINK_L44_TX_PER_SEC: u32 = 422;
+    pub const NVML_GPM_METRIC_NVLINK_L45_RX_PER_SEC: u32 = 423;
+    pub const NVML_GPM_METRIC_NVLINK_L45_TX_PER_SEC: u32 = 424;
+    pub const NVML_GPM_METRIC_NVLINK_L46_RX_PER_SEC: u32 = 425;
+    pub const NVML_GPM_METRIC_NVLINK_L46_TX_PER_SEC: u32 = 426;
+    pub const NVML_GPM_METRIC_NVLINK_L47_RX_PER_SEC: u32 = 427;
+    pub const NVML_GPM_METRIC_NVLINK_L47_TX_PER_SEC: u32 = 428;
+    pub const NVML_GPM_METRIC_NVLINK_L48_RX_PER_SEC: u32 = 429;
+    pub const NVML_GPM_METRIC_NVLINK_L48_TX_PER_SEC: u32 = 430;
+    pub const NVML_GPM_METRIC_NVLINK_L49_RX_PER_SEC: u32 = 431;
+    pub const NVML_GPM_METRIC_NVLINK_L49_TX_PER_SEC: u32 = 432;
+    pub const NVML_GPM_METRIC_NVLINK_L50_RX_PER_SEC: u32 = 433;
+    pub const NVML_GPM_METRIC_NVLINK_L50_TX_PER_SEC: u32 = 434;
+    pub const NVML_GPM_METRIC_NVLINK_L51_RX_PER_SEC: u32 = 435;
+    pub const NVML_GPM_METRIC_NVLINK_L51_TX_PER_SEC: u32 = 436;
+    pub const NVML_GPM_METRIC_NVLINK_L52_RX_PER_SEC: u32 = 437;
+    pub const NVML_GPM_METRIC_NVLINK_L52_TX_PER_SEC: u32 = 438;
+    pub const NVML_GPM_METRIC_NVLINK_L53_RX_PER_SEC: u32 = 439;
+    pub const NVML_GPM_METRIC_NVLINK_L53_TX_PER_SEC: u32 = 440;
+    pub const NVML_GPM_METRIC_NVLINK_L54_RX_PER_SEC: u32 = 441;
+    pub const NVML_GPM_METRIC_NVLINK_L54_TX_PER_SEC: u32 = 442;
+    pub const NVML_GPM_METRIC_NVLINK_L55_RX_PER_SEC: u32 = 443;
+    pub const NVML_GPM_METRIC_NVLINK_L55_TX_PER_SEC: u32 = 444;
+    pub const NVML_GPM_METRIC_NVLINK_L56_RX_PER_SEC: u32 = 445;
+    pub const NVML_GPM_METRIC_NVLINK_L56_TX_PER_SEC: u32 = 446;
+    pub const NVML_GPM_METRIC_NVLINK_L57_RX_PER_SEC: u32 = 447;
+    pub const NVML_GPM_METRIC_NVLINK_L57_TX_PER_SEC: u32 = 448;
+    pub const NVML_GPM_METRIC_NVLINK_L58_RX_PER_SEC: u32 = 449;
+    pub const NVML_GPM_METRIC_NVLINK_L58_TX_PER_SEC: u32 = 450;
+    pub const NVML_GPM_METRIC_NVLINK_L59_RX_PER_SEC: u32 = 451;
+    pub const NVML_GPM_METRIC_NVLINK_L59_TX_PER_SEC: u32 = 452;
+    pub const NVML_GPM_METRIC_NVLINK_L60_RX_PER_SEC: u32 = 453;
+    pub const NVML_GPM_METRIC_NVLINK_L60_TX_PER_SEC: u32 = 454;
+    pub const NVML_GPM_METRIC_NVLINK_L61_RX_PER_SEC: u32 = 455;
+    pub const NVML_GPM_METRIC_NVLINK_L61_TX_PER_SEC: u32 = 456;
+    pub const NVML_GPM_METRIC_NVLINK_L62_RX_PER_SEC: u32 = 457;
+    pub const NVML_GPM_METRIC_NVLINK_L62_TX_PER_SEC: u32 = 458;
+    pub const NVML_GPM_METRIC_NVLINK_L63_RX_PER_SEC: u32 = 459;
+    pub const NVML_GPM_METRIC_NVLINK_L63_TX_PER_SEC: u32 = 460;
+    pub const NVML_GPM_METRIC_NVLINK_L64_RX_PER_SEC: u32 = 461;
+    pub const NVML_GPM_METRIC_NVLINK_L64_TX_PER_SEC: u32 = 462;
+    pub const NVML_GPM_METRIC_NVLINK_L65_RX_PER_SEC: u32 = 463;
+    pub const NVML_GPM_METRIC_NVLINK_L65_TX_PER_SEC: u32 = 464;
+    pub const NVML_GPM_METRIC_NVLINK_L66_RX_PER_SEC: u32 = 465;
+    pub const NVML_GPM_METRIC_NVLINK_L66_TX_PER_SEC: u32 = 466;
+    pub const NVML_GPM_METRIC_NVLINK_L67_RX_PER_SEC: u32 = 467;
+    pub const NVML_GPM_METRIC_NVLINK_L67_TX_PER_SEC: u32 = 468;
+    pub const NVML_GPM_METRIC_NVLINK_L68_RX_PER_SEC: u32 = 469;
+    pub const NVML_GPM_METRIC_NVLINK_L68_TX_PER_SEC: u32 = 470;
+    pub const NVML_GPM_METRIC_NVLINK_L69_RX_PER_SEC: u32 = 471;
+    pub const NVML_GPM_METRIC_NVLINK_L69_TX_PER_SEC: u32 = 472;
+    pub const NVML_GPM_METRIC_NVLINK_L70_RX_PER_SEC: u32 = 473;
+    pub const NVML_GPM_METRIC_NVLINK_L70_TX_PER_SEC: u32 = 474;
+    pub const NVML_GPM_METRIC_NVLINK_L71_RX_PER_SEC: u32 = 475;
+    pub const NVML_GPM_METRIC_NVLINK_L71_TX_PER_SEC: u32 = 476;
+    pub const NVML_GPM_METRIC_MAX: u32 = 477;
 }
 pub mod nvmlGpuLevel_enum {
     pub const NVML_TOPOLOGY_INTERNAL: u32 = 0;
@@ -5631,6 +6924,18 @@ pub mod nvmlGpuLevel_enum {
     pub const NVML_TOPOLOGY_HOSTBRIDGE: u32 = 30;
     pub const NVML_TOPOLOGY_NODE: u32 = 40;
     pub const NVML_TOPOLOGY_SYSTEM: u32 = 50;
+}
+pub mod nvmlGpuOperationalEventContextType_t {
+    pub const NVML_GPU_OPERATIONAL_EVENT_CONTEXT_TYPE_UNKNOWN: u32 = 0;
+    pub const NVML_GPU_OPERATIONAL_EVENT_CONTEXT_TYPE_LEGACY_XID: u32 = 1;
+}
+pub mod nvmlGpuOperationalEventLogLevel_t {
+    pub const NVML_GPU_OPERATIONAL_EVENT_LOG_LEVEL_ALL: u32 = 0;
+    pub const NVML_GPU_OPERATIONAL_EVENT_LOG_LEVEL_TELEMETRY: u32 = 10;
+    pub const NVML_GPU_OPERATIONAL_EVENT_LOG_LEVEL_DIAG: u32 = 20;
+    pub const NVML_GPU_OPERATIONAL_EVENT_LOG_LEVEL_NOTICE: u32 = 30;
+    pub const NVML_GPU_OPERATIONAL_EVENT_LOG_LEVEL_WARNING: u32 = 40;
+    pub const NVML_GPU_OPERATIONAL_EVENT_LOG_LEVEL_ERROR: u32 = 50;
 }
 pub mod nvmlGpuP2PCapsIndex_enum {
     pub const NVML_P2P_CAPS_INDEX_READ: u32 = 0;
@@ -5671,6 +6976,7 @@ pub mod nvmlGridLicenseFeatureCode_t {
     pub const NVML_GRID_LICENSE_FEATURE_CODE_VWORKSTATION: u32 = 2;
     pub const NVML_GRID_LICENSE_FEATURE_CODE_GAMING: u32 = 3;
     pub const NVML_GRID_LICENSE_FEATURE_CODE_COMPUTE: u32 = 4;
+    pub const NVML_GRID_LICENSE_FEATURE_CODE_VGAMEDEV: u32 = 5;
 }
 pub mod nvmlHostVgpuMode_enum {
     pub const NVML_HOST_VGPU_MODE_NON_SRIOV: u32 = 0;
@@ -5745,6 +7051,11 @@ pub mod nvmlNvLinkUtilizationCountUnits_enum {
     pub const NVML_NVLINK_COUNTER_UNIT_RESERVED: u32 = 3;
     pub const NVML_NVLINK_COUNTER_UNIT_COUNT: u32 = 4;
 }
+pub mod nvmlNvlinkTelemetrySampleType_t {
+    pub const NVML_NVLINK_TELEMETRY_SAMPLE_TYPE_THROUGHPUT_RAW_TX: u32 = 0;
+    pub const NVML_NVLINK_TELEMETRY_SAMPLE_TYPE_THROUGHPUT_RAW_RX: u32 = 1;
+    pub const NVML_NVLINK_TELEMETRY_SAMPLE_TYPE_COUNT: u32 = 2;
+}
 pub mod nvmlNvlinkVersion_enum {
     pub const NVML_NVLINK_VERSION_INVALID: u32 = 0;
     pub const NVML_NVLINK_VERSION_1_0: u32 = 1;
@@ -5754,6 +7065,14 @@ pub mod nvmlNvlinkVersion_enum {
     pub const NVML_NVLINK_VERSION_3_1: u32 = 5;
     pub const NVML_NVLINK_VERSION_4_0: u32 = 6;
     pub const NVML_NVLINK_VERSION_5_0: u32 = 7;
+    pub const NVML_NVLINK_VERSION_6_0: u32 = 8;
+}
+pub mod nvmlOperationalEventSeverity_t {
+    pub const NVML_OPERATIONAL_EVENT_SEVERITY_ALL: u32 = 0;
+    pub const NVML_OPERATIONAL_EVENT_SEVERITY_INFORMATIONAL: u32 = 10;
+    pub const NVML_OPERATIONAL_EVENT_SEVERITY_CORRECTED: u32 = 20;
+    pub const NVML_OPERATIONAL_EVENT_SEVERITY_RECOVERABLE: u32 = 30;
+    pub const NVML_OPERATIONAL_EVENT_SEVERITY_FATAL: u32 = 40;
 }
 pub mod nvmlPRMCounterId_t {
     pub const NVML_PRM_COUNTER_ID_NONE: u32 = 0;
@@ -5762,6 +7081,14 @@ pub mod nvmlPRMCounterId_t {
     pub const NVML_PRM_COUNTER_ID_PPCNT_RECOVERY_CTRS_TOTAL_SUCCESSFUL_RECOVERY_EVENTS: u32 = 101;
     pub const NVML_PRM_COUNTER_ID_PPCNT_RECOVERY_CTRS_TIME_SINCE_LAST_RECOVERY: u32 = 102;
     pub const NVML_PRM_COUNTER_ID_PPCNT_RECOVERY_CTRS_TIME_BETWEEN_LAST_TWO_RECOVERIES: u32 = 103;
+    pub const NVML_PRM_COUNTER_ID_PPCNT_RECOVERY_CTRS_TIME_IN_LAST_HOST_SERDES_FEQ_RECOVERY: u32 = 104;
+    pub const NVML_PRM_COUNTER_ID_PPCNT_RECOVERY_CTRS_TOTAL_TIME_IN_HOST_SERDES_FEQ_RECOVERY: u32 = 105;
+    pub const NVML_PRM_COUNTER_ID_PPCNT_RECOVERY_CTRS_TOTAL_HOST_SERDES_FEQ_RECOVERY_COUNT: u32 = 106;
+    pub const NVML_PRM_COUNTER_ID_PPCNT_RECOVERY_CTRS_TOTAL_HOST_SERDES_FEQ_SUCCESSFUL_RECOVERY_COUNT: u32 = 107;
+    pub const NVML_PRM_COUNTER_ID_PPCNT_RECOVERY_CTRS_LAST_HOST_SERDES_FEQ_ATTEMPTS_COUNT: u32 = 108;
+    pub const NVML_PRM_COUNTER_ID_PPCNT_RECOVERY_CTRS_LAST_SUCCESSFUL_RECOVERY_STEP_ATTEMPTS: u32 = 109;
+    pub const NVML_PRM_COUNTER_ID_PPCNT_RECOVERY_CTRS_LAST_SUCCESSFUL_RECOVERY_TIME: u32 = 110;
+    pub const NVML_PRM_COUNTER_ID_PPCNT_RECOVERY_CTRS_TOTAL_SUCCESSFUL_RECOVERY_TIME: u32 = 111;
     pub const NVML_PRM_COUNTER_ID_PPCNT_PORTCOUNTERS_PORT_XMIT_WAIT: u32 = 201;
     pub const NVML_PRM_COUNTER_ID_PPCNT_PLR_RCV_CODES: u32 = 301;
     pub const NVML_PRM_COUNTER_ID_PPCNT_PLR_RCV_CODE_ERR: u32 = 302;
@@ -5838,7 +7165,24 @@ pub mod nvmlPowerProfileType_t {
     pub const NVML_POWER_PROFILE_SYNC_BALANCED: u32 = 12;
     pub const NVML_POWER_PROFILE_HPC: u32 = 13;
     pub const NVML_POWER_PROFILE_MIG: u32 = 14;
-    pub const NVML_POWER_PROFILE_MAX: u32 = 15;
+    pub const NVML_POWER_PROFILE_MAX_Q_1: u32 = 15;
+    pub const NVML_POWER_PROFILE_NETWORK_BOUND: u32 = 16;
+    pub const NVML_POWER_PROFILE_HIGH_THROUGHPUT_INFERENCE: u32 = 17;
+    pub const NVML_POWER_PROFILE_MEDIUM_THROUGHPUT_INFERENCE: u32 = 18;
+    pub const NVML_POWER_PROFILE_LOW_LATENCY_INFERENCE: u32 = 19;
+    pub const NVML_POWER_PROFILE_TRAINING: u32 = 20;
+    pub const NVML_POWER_PROFILE_INFERENCE: u32 = 21;
+    pub const NVML_POWER_PROFILE_MAX_Q_2: u32 = 22;
+    pub const NVML_POWER_PROFILE_MAX_Q_3: u32 = 23;
+    pub const NVML_POWER_PROFILE_LOW_PRIORITY_BACKGROUND: u32 = 24;
+    pub const NVML_POWER_PROFILE_MAX: u32 = 25;
+}
+pub mod nvmlProcessMode_enum {
+    pub const NVML_PROCESS_MODE_COMPUTE: u32 = 0;
+    pub const NVML_PROCESS_MODE_GRAPHICS: u32 = 1;
+    pub const NVML_PROCESS_MODE_MPS: u32 = 2;
+    pub const NVML_PROCESS_MODE_ALL: u32 = 3;
+    pub const NVML_PROCESS_MODE_MAX: u32 = 4;
 }
 pub mod nvmlRestrictedAPI_enum {
     pub const NVML_RESTRICTED_API_SET_APPLICATION_CLOCKS: u32 = 0;
@@ -5894,7 +7238,8 @@ pub mod nvmlSamplingType_enum {
 }
 pub mod nvmlTemperatureSensors_enum {
     pub const NVML_TEMPERATURE_GPU: u32 = 0;
-    pub const NVML_TEMPERATURE_COUNT: u32 = 1;
+    pub const NVML_TEMPERATURE_GPU_MAX: u32 = 1;
+    pub const NVML_TEMPERATURE_COUNT: u32 = 2;
 }
 pub mod nvmlTemperatureThresholds_enum {
     pub const NVML_TEMPERATURE_THRESHOLD_SHUTDOWN: u32 = 0;
@@ -6009,6 +7354,7 @@ pub mod nvrtcResult {
     pub const NVRTC_ERROR_PCH_CREATE: u32 = 15;
     pub const NVRTC_ERROR_CANCELLED: u32 = 16;
     pub const NVRTC_ERROR_TIME_TRACE_FILE_WRITE_FAILED: u32 = 17;
+    pub const NVRTC_ERROR_BUSY: u32 = 18;
 }
 pub mod v11_8 {
     pub mod CUctx_flags_enum {
@@ -6154,6 +7500,25 @@ pub mod v11_8 {
         pub const CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR_V2: u32 = 123;
         pub const CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED: u32 = 124;
         pub const CU_DEVICE_ATTRIBUTE_MAX: u32 = 125;
+    }
+    pub mod CUfunction_attribute_enum {
+        pub const CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: u32 = 0;
+        pub const CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES: u32 = 1;
+        pub const CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES: u32 = 2;
+        pub const CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES: u32 = 3;
+        pub const CU_FUNC_ATTRIBUTE_NUM_REGS: u32 = 4;
+        pub const CU_FUNC_ATTRIBUTE_PTX_VERSION: u32 = 5;
+        pub const CU_FUNC_ATTRIBUTE_BINARY_VERSION: u32 = 6;
+        pub const CU_FUNC_ATTRIBUTE_CACHE_MODE_CA: u32 = 7;
+        pub const CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: u32 = 8;
+        pub const CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT: u32 = 9;
+        pub const CU_FUNC_ATTRIBUTE_CLUSTER_SIZE_MUST_BE_SET: u32 = 10;
+        pub const CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH: u32 = 11;
+        pub const CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT: u32 = 12;
+        pub const CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH: u32 = 13;
+        pub const CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED: u32 = 14;
+        pub const CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE: u32 = 15;
+        pub const CU_FUNC_ATTRIBUTE_MAX: u32 = 16;
     }
     pub mod CUjit_option_enum {
         pub const CU_JIT_MAX_REGISTERS: u32 = 0;
@@ -6485,6 +7850,17 @@ pub mod v11_8 {
         pub const cudaDevAttrDeferredMappingCudaArraySupported: u32 = 121;
         pub const cudaDevAttrMax: u32 = 122;
     }
+    pub mod cudaFuncAttribute {
+        pub const cudaFuncAttributeMaxDynamicSharedMemorySize: u32 = 8;
+        pub const cudaFuncAttributePreferredSharedMemoryCarveout: u32 = 9;
+        pub const cudaFuncAttributeClusterDimMustBeSet: u32 = 10;
+        pub const cudaFuncAttributeRequiredClusterWidth: u32 = 11;
+        pub const cudaFuncAttributeRequiredClusterHeight: u32 = 12;
+        pub const cudaFuncAttributeRequiredClusterDepth: u32 = 13;
+        pub const cudaFuncAttributeNonPortableClusterSizeAllowed: u32 = 14;
+        pub const cudaFuncAttributeClusterSchedulingPolicyPreference: u32 = 15;
+        pub const cudaFuncAttributeMax: u32 = 16;
+    }
     pub mod cudaGraphNodeType {
         pub const cudaGraphNodeTypeKernel: u32 = 0;
         pub const cudaGraphNodeTypeMemcpy: u32 = 1;
@@ -6591,6 +7967,17 @@ pub mod v11_8 {
         pub const ncclFloat64: u32 = 8;
         pub const ncclDouble: u32 = 8;
         pub const ncclNumTypes: u32 = 9;
+    }
+    pub mod ncclResult_t {
+        pub const ncclSuccess: u32 = 0;
+        pub const ncclUnhandledCudaError: u32 = 1;
+        pub const ncclSystemError: u32 = 2;
+        pub const ncclInternalError: u32 = 3;
+        pub const ncclInvalidArgument: u32 = 4;
+        pub const ncclInvalidUsage: u32 = 5;
+        pub const ncclRemoteError: u32 = 6;
+        pub const ncclInProgress: u32 = 7;
+        pub const ncclNumResults: u32 = 8;
     }
     pub mod nvmlBrandType_enum {
         pub const NVML_BRAND_UNKNOWN: u32 = 0;
@@ -6700,6 +8087,10 @@ pub mod v11_8 {
         pub const NVML_PROCESSOR_CLK_SAMPLES: u32 = 5;
         pub const NVML_MEMORY_CLK_SAMPLES: u32 = 6;
         pub const NVML_SAMPLINGTYPE_COUNT: u32 = 7;
+    }
+    pub mod nvmlTemperatureSensors_enum {
+        pub const NVML_TEMPERATURE_GPU: u32 = 0;
+        pub const NVML_TEMPERATURE_COUNT: u32 = 1;
     }
     pub mod nvmlTemperatureThresholds_enum {
         pub const NVML_TEMPERATURE_THRESHOLD_SHUTDOWN: u32 = 0;
@@ -6872,6 +8263,25 @@ pub mod v12_1 {
         pub const CU_DEVICE_ATTRIBUTE_UNIFIED_FUNCTION_POINTERS: u32 = 129;
         pub const CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED: u32 = 132;
         pub const CU_DEVICE_ATTRIBUTE_MAX: u32 = 133;
+    }
+    pub mod CUfunction_attribute_enum {
+        pub const CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: u32 = 0;
+        pub const CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES: u32 = 1;
+        pub const CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES: u32 = 2;
+        pub const CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES: u32 = 3;
+        pub const CU_FUNC_ATTRIBUTE_NUM_REGS: u32 = 4;
+        pub const CU_FUNC_ATTRIBUTE_PTX_VERSION: u32 = 5;
+        pub const CU_FUNC_ATTRIBUTE_BINARY_VERSION: u32 = 6;
+        pub const CU_FUNC_ATTRIBUTE_CACHE_MODE_CA: u32 = 7;
+        pub const CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: u32 = 8;
+        pub const CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT: u32 = 9;
+        pub const CU_FUNC_ATTRIBUTE_CLUSTER_SIZE_MUST_BE_SET: u32 = 10;
+        pub const CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH: u32 = 11;
+        pub const CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT: u32 = 12;
+        pub const CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH: u32 = 13;
+        pub const CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED: u32 = 14;
+        pub const CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE: u32 = 15;
+        pub const CU_FUNC_ATTRIBUTE_MAX: u32 = 16;
     }
     pub mod CUjit_option_enum {
         pub const CU_JIT_MAX_REGISTERS: u32 = 0;
@@ -7227,6 +8637,17 @@ pub mod v12_1 {
         pub const cudaDevAttrReserved132: u32 = 132;
         pub const cudaDevAttrMax: u32 = 133;
     }
+    pub mod cudaFuncAttribute {
+        pub const cudaFuncAttributeMaxDynamicSharedMemorySize: u32 = 8;
+        pub const cudaFuncAttributePreferredSharedMemoryCarveout: u32 = 9;
+        pub const cudaFuncAttributeClusterDimMustBeSet: u32 = 10;
+        pub const cudaFuncAttributeRequiredClusterWidth: u32 = 11;
+        pub const cudaFuncAttributeRequiredClusterHeight: u32 = 12;
+        pub const cudaFuncAttributeRequiredClusterDepth: u32 = 13;
+        pub const cudaFuncAttributeNonPortableClusterSizeAllowed: u32 = 14;
+        pub const cudaFuncAttributeClusterSchedulingPolicyPreference: u32 = 15;
+        pub const cudaFuncAttributeMax: u32 = 16;
+    }
     pub mod cudaGraphNodeType {
         pub const cudaGraphNodeTypeKernel: u32 = 0;
         pub const cudaGraphNodeTypeMemcpy: u32 = 1;
@@ -7329,6 +8750,17 @@ pub mod v12_1 {
         pub const ncclFloat64: u32 = 8;
         pub const ncclDouble: u32 = 8;
         pub const ncclNumTypes: u32 = 9;
+    }
+    pub mod ncclResult_t {
+        pub const ncclSuccess: u32 = 0;
+        pub const ncclUnhandledCudaError: u32 = 1;
+        pub const ncclSystemError: u32 = 2;
+        pub const ncclInternalError: u32 = 3;
+        pub const ncclInvalidArgument: u32 = 4;
+        pub const ncclInvalidUsage: u32 = 5;
+        pub const ncclRemoteError: u32 = 6;
+        pub const ncclInProgress: u32 = 7;
+        pub const ncclNumResults: u32 = 8;
     }
     pub mod nvmlBrandType_enum {
         pub const NVML_BRAND_UNKNOWN: u32 = 0;
@@ -7447,6 +8879,10 @@ pub mod v12_1 {
         pub const NVML_MEMORY_CLK_SAMPLES: u32 = 6;
         pub const NVML_SAMPLINGTYPE_COUNT: u32 = 7;
     }
+    pub mod nvmlTemperatureSensors_enum {
+        pub const NVML_TEMPERATURE_GPU: u32 = 0;
+        pub const NVML_TEMPERATURE_COUNT: u32 = 1;
+    }
     pub mod nvmlTemperatureThresholds_enum {
         pub const NVML_TEMPERATURE_THRESHOLD_SHUTDOWN: u32 = 0;
         pub const NVML_TEMPERATURE_THRESHOLD_SLOWDOWN: u32 = 1;
@@ -7471,6 +8907,16 @@ pub mod v12_1 {
     }
 }
 pub mod v12_6 {
+    pub mod CUCoredumpGenerationFlags {
+        pub const CU_COREDUMP_DEFAULT_FLAGS: u32 = 0;
+        pub const CU_COREDUMP_SKIP_NONRELOCATED_ELF_IMAGES: u32 = 1;
+        pub const CU_COREDUMP_SKIP_GLOBAL_MEMORY: u32 = 2;
+        pub const CU_COREDUMP_SKIP_SHARED_MEMORY: u32 = 4;
+        pub const CU_COREDUMP_SKIP_LOCAL_MEMORY: u32 = 8;
+        pub const CU_COREDUMP_SKIP_ABORT: u32 = 16;
+        pub const CU_COREDUMP_SKIP_CONSTBANK_MEMORY: u32 = 32;
+        pub const CU_COREDUMP_LIGHTWEIGHT_FLAGS: u32 = 47;
+    }
     pub mod CUdevice_attribute_enum {
         pub const CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: u32 = 1;
         pub const CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X: u32 = 2;
@@ -7655,6 +9101,25 @@ pub mod v12_6 {
         pub const CU_FILE_ASYNC_NOT_SUPPORTED: u32 = 5038;
         pub const CU_FILE_IO_MAX_ERROR: u32 = 5039;
     }
+    pub mod CUfunction_attribute_enum {
+        pub const CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: u32 = 0;
+        pub const CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES: u32 = 1;
+        pub const CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES: u32 = 2;
+        pub const CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES: u32 = 3;
+        pub const CU_FUNC_ATTRIBUTE_NUM_REGS: u32 = 4;
+        pub const CU_FUNC_ATTRIBUTE_PTX_VERSION: u32 = 5;
+        pub const CU_FUNC_ATTRIBUTE_BINARY_VERSION: u32 = 6;
+        pub const CU_FUNC_ATTRIBUTE_CACHE_MODE_CA: u32 = 7;
+        pub const CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: u32 = 8;
+        pub const CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT: u32 = 9;
+        pub const CU_FUNC_ATTRIBUTE_CLUSTER_SIZE_MUST_BE_SET: u32 = 10;
+        pub const CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH: u32 = 11;
+        pub const CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT: u32 = 12;
+        pub const CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH: u32 = 13;
+        pub const CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED: u32 = 14;
+        pub const CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE: u32 = 15;
+        pub const CU_FUNC_ATTRIBUTE_MAX: u32 = 16;
+    }
     pub mod CUjit_option_enum {
         pub const CU_JIT_MAX_REGISTERS: u32 = 0;
         pub const CU_JIT_THREADS_PER_BLOCK: u32 = 1;
@@ -7708,6 +9173,19 @@ pub mod v12_6 {
         pub const CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE: u32 = 13;
         pub const CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT: u32 = 14;
         pub const CU_LAUNCH_ATTRIBUTE_MAX: u32 = 15;
+    }
+    pub mod CUlimit_enum {
+        pub const CU_LIMIT_STACK_SIZE: u32 = 0;
+        pub const CU_LIMIT_PRINTF_FIFO_SIZE: u32 = 1;
+        pub const CU_LIMIT_MALLOC_HEAP_SIZE: u32 = 2;
+        pub const CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH: u32 = 3;
+        pub const CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT: u32 = 4;
+        pub const CU_LIMIT_MAX_L2_FETCH_GRANULARITY: u32 = 5;
+        pub const CU_LIMIT_PERSISTING_L2_CACHE_SIZE: u32 = 6;
+        pub const CU_LIMIT_SHMEM_SIZE: u32 = 7;
+        pub const CU_LIMIT_CIG_ENABLED: u32 = 8;
+        pub const CU_LIMIT_CIG_SHMEM_FALLBACK_ENABLED: u32 = 9;
+        pub const CU_LIMIT_MAX: u32 = 10;
     }
     pub mod CUpti_ActivityKind {
         pub const CUPTI_ACTIVITY_KIND_INVALID: u32 = 0;
@@ -8596,6 +10074,33 @@ pub mod v12_6 {
         pub const cudaDevAttrD3D12CigSupported: u32 = 135;
         pub const cudaDevAttrMax: u32 = 136;
     }
+    pub mod cudaFuncAttribute {
+        pub const cudaFuncAttributeMaxDynamicSharedMemorySize: u32 = 8;
+        pub const cudaFuncAttributePreferredSharedMemoryCarveout: u32 = 9;
+        pub const cudaFuncAttributeClusterDimMustBeSet: u32 = 10;
+        pub const cudaFuncAttributeRequiredClusterWidth: u32 = 11;
+        pub const cudaFuncAttributeRequiredClusterHeight: u32 = 12;
+        pub const cudaFuncAttributeRequiredClusterDepth: u32 = 13;
+        pub const cudaFuncAttributeNonPortableClusterSizeAllowed: u32 = 14;
+        pub const cudaFuncAttributeClusterSchedulingPolicyPreference: u32 = 15;
+        pub const cudaFuncAttributeMax: u32 = 16;
+    }
+    pub mod cudaGraphNodeType {
+        pub const cudaGraphNodeTypeKernel: u32 = 0;
+        pub const cudaGraphNodeTypeMemcpy: u32 = 1;
+        pub const cudaGraphNodeTypeMemset: u32 = 2;
+        pub const cudaGraphNodeTypeHost: u32 = 3;
+        pub const cudaGraphNodeTypeGraph: u32 = 4;
+        pub const cudaGraphNodeTypeEmpty: u32 = 5;
+        pub const cudaGraphNodeTypeWaitEvent: u32 = 6;
+        pub const cudaGraphNodeTypeEventRecord: u32 = 7;
+        pub const cudaGraphNodeTypeExtSemaphoreSignal: u32 = 8;
+        pub const cudaGraphNodeTypeExtSemaphoreWait: u32 = 9;
+        pub const cudaGraphNodeTypeMemAlloc: u32 = 10;
+        pub const cudaGraphNodeTypeMemFree: u32 = 11;
+        pub const cudaGraphNodeTypeConditional: u32 = 13;
+        pub const cudaGraphNodeTypeCount: u32 = 14;
+    }
     pub mod cudnnBackendBehaviorNote_t {
         pub const CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION: u32 = 0;
         pub const CUDNN_BEHAVIOR_NOTE_REQUIRES_FILTER_INT8x32_REORDER: u32 = 1;
@@ -8659,6 +10164,17 @@ pub mod v12_6 {
         pub const ncclFloat64: u32 = 8;
         pub const ncclDouble: u32 = 8;
         pub const ncclNumTypes: u32 = 9;
+    }
+    pub mod ncclResult_t {
+        pub const ncclSuccess: u32 = 0;
+        pub const ncclUnhandledCudaError: u32 = 1;
+        pub const ncclSystemError: u32 = 2;
+        pub const ncclInternalError: u32 = 3;
+        pub const ncclInvalidArgument: u32 = 4;
+        pub const ncclInvalidUsage: u32 = 5;
+        pub const ncclRemoteError: u32 = 6;
+        pub const ncclInProgress: u32 = 7;
+        pub const ncclNumResults: u32 = 8;
     }
     pub mod nvmlBrandType_enum {
         pub const NVML_BRAND_UNKNOWN: u32 = 0;
@@ -8772,8 +10288,22 @@ pub mod v12_6 {
         pub const NVML_INFOROM_POWER: u32 = 2;
         pub const NVML_INFOROM_COUNT: u32 = 3;
     }
+    pub mod nvmlTemperatureSensors_enum {
+        pub const NVML_TEMPERATURE_GPU: u32 = 0;
+        pub const NVML_TEMPERATURE_COUNT: u32 = 1;
+    }
 }
 pub mod v12_8 {
+    pub mod CUCoredumpGenerationFlags {
+        pub const CU_COREDUMP_DEFAULT_FLAGS: u32 = 0;
+        pub const CU_COREDUMP_SKIP_NONRELOCATED_ELF_IMAGES: u32 = 1;
+        pub const CU_COREDUMP_SKIP_GLOBAL_MEMORY: u32 = 2;
+        pub const CU_COREDUMP_SKIP_SHARED_MEMORY: u32 = 4;
+        pub const CU_COREDUMP_SKIP_LOCAL_MEMORY: u32 = 8;
+        pub const CU_COREDUMP_SKIP_ABORT: u32 = 16;
+        pub const CU_COREDUMP_SKIP_CONSTBANK_MEMORY: u32 = 32;
+        pub const CU_COREDUMP_LIGHTWEIGHT_FLAGS: u32 = 47;
+    }
     pub mod CUdevice_attribute_enum {
         pub const CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: u32 = 1;
         pub const CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X: u32 = 2;
@@ -8963,6 +10493,25 @@ pub mod v12_8 {
         pub const CU_FILE_ASYNC_NOT_SUPPORTED: u32 = 5038;
         pub const CU_FILE_IO_MAX_ERROR: u32 = 5039;
     }
+    pub mod CUfunction_attribute_enum {
+        pub const CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: u32 = 0;
+        pub const CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES: u32 = 1;
+        pub const CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES: u32 = 2;
+        pub const CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES: u32 = 3;
+        pub const CU_FUNC_ATTRIBUTE_NUM_REGS: u32 = 4;
+        pub const CU_FUNC_ATTRIBUTE_PTX_VERSION: u32 = 5;
+        pub const CU_FUNC_ATTRIBUTE_BINARY_VERSION: u32 = 6;
+        pub const CU_FUNC_ATTRIBUTE_CACHE_MODE_CA: u32 = 7;
+        pub const CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: u32 = 8;
+        pub const CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT: u32 = 9;
+        pub const CU_FUNC_ATTRIBUTE_CLUSTER_SIZE_MUST_BE_SET: u32 = 10;
+        pub const CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH: u32 = 11;
+        pub const CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT: u32 = 12;
+        pub const CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH: u32 = 13;
+        pub const CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED: u32 = 14;
+        pub const CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE: u32 = 15;
+        pub const CU_FUNC_ATTRIBUTE_MAX: u32 = 16;
+    }
     pub mod CUjit_option_enum {
         pub const CU_JIT_MAX_REGISTERS: u32 = 0;
         pub const CU_JIT_THREADS_PER_BLOCK: u32 = 1;
@@ -9017,6 +10566,19 @@ pub mod v12_8 {
         pub const CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE: u32 = 13;
         pub const CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT: u32 = 14;
         pub const CU_LAUNCH_ATTRIBUTE_MAX: u32 = 15;
+    }
+    pub mod CUlimit_enum {
+        pub const CU_LIMIT_STACK_SIZE: u32 = 0;
+        pub const CU_LIMIT_PRINTF_FIFO_SIZE: u32 = 1;
+        pub const CU_LIMIT_MALLOC_HEAP_SIZE: u32 = 2;
+        pub const CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH: u32 = 3;
+        pub const CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT: u32 = 4;
+        pub const CU_LIMIT_MAX_L2_FETCH_GRANULARITY: u32 = 5;
+        pub const CU_LIMIT_PERSISTING_L2_CACHE_SIZE: u32 = 6;
+        pub const CU_LIMIT_SHMEM_SIZE: u32 = 7;
+        pub const CU_LIMIT_CIG_ENABLED: u32 = 8;
+        pub const CU_LIMIT_CIG_SHMEM_FALLBACK_ENABLED: u32 = 9;
+        pub const CU_LIMIT_MAX: u32 = 10;
     }
     pub mod CUpti_ActivityKind {
         pub const CUPTI_ACTIVITY_KIND_INVALID: u32 = 0;
@@ -9147,6 +10709,644 @@ pub mod v12_8 {
         pub const CUBLASLT_MATMUL_STAGES_128xAUTO: u32 = 36;
         pub const CUBLASLT_MATMUL_STAGES_256xAUTO: u32 = 37;
         pub const CUBLASLT_MATMUL_STAGES_END: u32 = 38;
+    }
+    pub mod cublasLtMatmulTile_t {
+        pub const CUBLASLT_MATMUL_TILE_UNDEFINED: u32 = 0;
+        pub const CUBLASLT_MATMUL_TILE_8x8: u32 = 1;
+        pub const CUBLASLT_MATMUL_TILE_8x16: u32 = 2;
+        pub const CUBLASLT_MATMUL_TILE_16x8: u32 = 3;
+        pub const CUBLASLT_MATMUL_TILE_8x32: u32 = 4;
+        pub const CUBLASLT_MATMUL_TILE_16x16: u32 = 5;
+        pub const CUBLASLT_MATMUL_TILE_32x8: u32 = 6;
+        pub const CUBLASLT_MATMUL_TILE_8x64: u32 = 7;
+        pub const CUBLASLT_MATMUL_TILE_16x32: u32 = 8;
+        pub const CUBLASLT_MATMUL_TILE_32x16: u32 = 9;
+        pub const CUBLASLT_MATMUL_TILE_64x8: u32 = 10;
+        pub const CUBLASLT_MATMUL_TILE_32x32: u32 = 11;
+        pub const CUBLASLT_MATMUL_TILE_32x64: u32 = 12;
+        pub const CUBLASLT_MATMUL_TILE_64x32: u32 = 13;
+        pub const CUBLASLT_MATMUL_TILE_32x128: u32 = 14;
+        pub const CUBLASLT_MATMUL_TILE_64x64: u32 = 15;
+        pub const CUBLASLT_MATMUL_TILE_128x32: u32 = 16;
+        pub const CUBLASLT_MATMUL_TILE_64x128: u32 = 17;
+        pub const CUBLASLT_MATMUL_TILE_128x64: u32 = 18;
+        pub const CUBLASLT_MATMUL_TILE_64x256: u32 = 19;
+        pub const CUBLASLT_MATMUL_TILE_128x128: u32 = 20;
+        pub const CUBLASLT_MATMUL_TILE_256x64: u32 = 21;
+        pub const CUBLASLT_MATMUL_TILE_64x512: u32 = 22;
+        pub const CUBLASLT_MATMUL_TILE_128x256: u32 = 23;
+        pub const CUBLASLT_MATMUL_TILE_256x128: u32 = 24;
+        pub const CUBLASLT_MATMUL_TILE_512x64: u32 = 25;
+        pub const CUBLASLT_MATMUL_TILE_64x96: u32 = 26;
+        pub const CUBLASLT_MATMUL_TILE_96x64: u32 = 27;
+        pub const CUBLASLT_MATMUL_TILE_96x128: u32 = 28;
+        pub const CUBLASLT_MATMUL_TILE_128x160: u32 = 29;
+        pub const CUBLASLT_MATMUL_TILE_160x128: u32 = 30;
+        pub const CUBLASLT_MATMUL_TILE_192x128: u32 = 31;
+        pub const CUBLASLT_MATMUL_TILE_128x192: u32 = 32;
+        pub const CUBLASLT_MATMUL_TILE_128x96: u32 = 33;
+        pub const CUBLASLT_MATMUL_TILE_32x256: u32 = 34;
+        pub const CUBLASLT_MATMUL_TILE_256x32: u32 = 35;
+        pub const CUBLASLT_MATMUL_TILE_8x128: u32 = 36;
+        pub const CUBLASLT_MATMUL_TILE_8x192: u32 = 37;
+        pub const CUBLASLT_MATMUL_TILE_8x256: u32 = 38;
+        pub const CUBLASLT_MATMUL_TILE_8x320: u32 = 39;
+        pub const CUBLASLT_MATMUL_TILE_8x384: u32 = 40;
+        pub const CUBLASLT_MATMUL_TILE_8x448: u32 = 41;
+        pub const CUBLASLT_MATMUL_TILE_8x512: u32 = 42;
+        pub const CUBLASLT_MATMUL_TILE_8x576: u32 = 43;
+        pub const CUBLASLT_MATMUL_TILE_8x640: u32 = 44;
+        pub const CUBLASLT_MATMUL_TILE_8x704: u32 = 45;
+        pub const CUBLASLT_MATMUL_TILE_8x768: u32 = 46;
+        pub const CUBLASLT_MATMUL_TILE_16x64: u32 = 47;
+        pub const CUBLASLT_MATMUL_TILE_16x128: u32 = 48;
+        pub const CUBLASLT_MATMUL_TILE_16x192: u32 = 49;
+        pub const CUBLASLT_MATMUL_TILE_16x256: u32 = 50;
+        pub const CUBLASLT_MATMUL_TILE_16x320: u32 = 51;
+        pub const CUBLASLT_MATMUL_TILE_16x384: u32 = 52;
+        pub const CUBLASLT_MATMUL_TILE_16x448: u32 = 53;
+        pub const CUBLASLT_MATMUL_TILE_16x512: u32 = 54;
+        pub const CUBLASLT_MATMUL_TILE_16x576: u32 = 55;
+        pub const CUBLASLT_MATMUL_TILE_16x640: u32 = 56;
+        pub const CUBLASLT_MATMUL_TILE_16x704: u32 = 57;
+        pub const CUBLASLT_MATMUL_TILE_16x768: u32 = 58;
+        pub const CUBLASLT_MATMUL_TILE_24x64: u32 = 59;
+        pub const CUBLASLT_MATMUL_TILE_24x128: u32 = 60;
+        pub const CUBLASLT_MATMUL_TILE_24x192: u32 = 61;
+        pub const CUBLASLT_MATMUL_TILE_24x256: u32 = 62;
+        pub const CUBLASLT_MATMUL_TILE_24x320: u32 = 63;
+        pub const CUBLASLT_MATMUL_TILE_24x384: u32 = 64;
+        pub const CUBLASLT_MATMUL_TILE_24x448: u32 = 65;
+        pub const CUBLASLT_MATMUL_TILE_24x512: u32 = 66;
+        pub const CUBLASLT_MATMUL_TILE_24x576: u32 = 67;
+        pub const CUBLASLT_MATMUL_TILE_24x640: u32 = 68;
+        pub const CUBLASLT_MATMUL_TILE_24x704: u32 = 69;
+        pub const CUBLASLT_MATMUL_TILE_24x768: u32 = 70;
+        pub const CUBLASLT_MATMUL_TILE_32x192: u32 = 71;
+        pub const CUBLASLT_MATMUL_TILE_32x320: u32 = 72;
+        pub const CUBLASLT_MATMUL_TILE_32x384: u32 = 73;
+        pub const CUBLASLT_MATMUL_TILE_32x448: u32 = 74;
+        pub const CUBLASLT_MATMUL_TILE_32x512: u32 = 75;
+        pub const CUBLASLT_MATMUL_TILE_32x576: u32 = 76;
+        pub const CUBLASLT_MATMUL_TILE_32x640: u32 = 77;
+        pub const CUBLASLT_MATMUL_TILE_32x704: u32 = 78;
+        pub const CUBLASLT_MATMUL_TILE_32x768: u32 = 79;
+        pub const CUBLASLT_MATMUL_TILE_40x64: u32 = 80;
+        pub const CUBLASLT_MATMUL_TILE_40x128: u32 = 81;
+        pub const CUBLASLT_MATMUL_TILE_40x192: u32 = 82;
+        pub const CUBLASLT_MATMUL_TILE_40x256: u32 = 83;
+        pub const CUBLASLT_MATMUL_TILE_40x320: u32 = 84;
+        pub const CUBLASLT_MATMUL_TILE_40x384: u32 = 85;
+        pub const CUBLASLT_MATMUL_TILE_40x448: u32 = 86;
+        pub const CUBLASLT_MATMUL_TILE_40x512: u32 = 87;
+        pub const CUBLASLT_MATMUL_TILE_40x576: u32 = 88;
+        pub const CUBLASLT_MATMUL_TILE_40x640: u32 = 89;
+        pub const CUBLASLT_MATMUL_TILE_40x704: u32 = 90;
+        pub const CUBLASLT_MATMUL_TILE_40x768: u32 = 91;
+        pub const CUBLASLT_MATMUL_TILE_48x64: u32 = 92;
+        pub const CUBLASLT_MATMUL_TILE_48x128: u32 = 93;
+        pub const CUBLASLT_MATMUL_TILE_48x192: u32 = 94;
+        pub const CUBLASLT_MATMUL_TILE_48x256: u32 = 95;
+        pub const CUBLASLT_MATMUL_TILE_48x320: u32 = 96;
+        pub const CUBLASLT_MATMUL_TILE_48x384: u32 = 97;
+        pub const CUBLASLT_MATMUL_TILE_48x448: u32 = 98;
+        pub const CUBLASLT_MATMUL_TILE_48x512: u32 = 99;
+        pub const CUBLASLT_MATMUL_TILE_48x576: u32 = 100;
+        pub const CUBLASLT_MATMUL_TILE_48x640: u32 = 101;
+        pub const CUBLASLT_MATMUL_TILE_48x704: u32 = 102;
+        pub const CUBLASLT_MATMUL_TILE_48x768: u32 = 103;
+        pub const CUBLASLT_MATMUL_TILE_56x64: u32 = 104;
+        pub const CUBLASLT_MATMUL_TILE_56x128: u32 = 105;
+        pub const CUBLASLT_MATMUL_TILE_56x192: u32 = 106;
+        pub const CUBLASLT_MATMUL_TILE_56x256: u32 = 107;
+        pub const CUBLASLT_MATMUL_TILE_56x320: u32 = 108;
+        pub const CUBLASLT_MATMUL_TILE_56x384: u32 = 109;
+        pub const CUBLASLT_MATMUL_TILE_56x448: u32 = 110;
+        pub const CUBLASLT_MATMUL_TILE_56x512: u32 = 111;
+        pub const CUBLASLT_MATMUL_TILE_56x576: u32 = 112;
+        pub const CUBLASLT_MATMUL_TILE_56x640: u32 = 113;
+        pub const CUBLASLT_MATMUL_TILE_56x704: u32 = 114;
+        pub const CUBLASLT_MATMUL_TILE_56x768: u32 = 115;
+        pub const CUBLASLT_MATMUL_TILE_64x192: u32 = 116;
+        pub const CUBLASLT_MATMUL_TILE_64x320: u32 = 117;
+        pub const CUBLASLT_MATMUL_TILE_64x384: u32 = 118;
+        pub const CUBLASLT_MATMUL_TILE_64x448: u32 = 119;
+        pub const CUBLASLT_MATMUL_TILE_64x576: u32 = 120;
+        pub const CUBLASLT_MATMUL_TILE_64x640: u32 = 121;
+        pub const CUBLASLT_MATMUL_TILE_64x704: u32 = 122;
+        pub const CUBLASLT_MATMUL_TILE_64x768: u32 = 123;
+        pub const CUBLASLT_MATMUL_TILE_72x64: u32 = 124;
+        pub const CUBLASLT_MATMUL_TILE_72x128: u32 = 125;
+        pub const CUBLASLT_MATMUL_TILE_72x192: u32 = 126;
+        pub const CUBLASLT_MATMUL_TILE_72x256: u32 = 127;
+        pub const CUBLASLT_MATMUL_TILE_72x320: u32 = 128;
+        pub const CUBLASLT_MATMUL_TILE_72x384: u32 = 129;
+        pub const CUBLASLT_MATMUL_TILE_72x448: u32 = 130;
+        pub const CUBLASLT_MATMUL_TILE_72x512: u32 = 131;
+        pub const CUBLASLT_MATMUL_TILE_72x576: u32 = 132;
+        pub const CUBLASLT_MATMUL_TILE_72x640: u32 = 133;
+        pub const CUBLASLT_MATMUL_TILE_80x64: u32 = 134;
+        pub const CUBLASLT_MATMUL_TILE_80x128: u32 = 135;
+        pub const CUBLASLT_MATMUL_TILE_80x192: u32 = 136;
+        pub const CUBLASLT_MATMUL_TILE_80x256: u32 = 137;
+        pub const CUBLASLT_MATMUL_TILE_80x320: u32 = 138;
+        pub const CUBLASLT_MATMUL_TILE_80x384: u32 = 139;
+        pub const CUBLASLT_MATMUL_TILE_80x448: u32 = 140;
+        pub const CUBLASLT_MATMUL_TILE_80x512: u32 = 141;
+        pub const CUBLASLT_MATMUL_TILE_80x576: u32 = 142;
+        pub const CUBLASLT_MATMUL_TILE_88x64: u32 = 143;
+        pub const CUBLASLT_MATMUL_TILE_88x128: u32 = 144;
+        pub const CUBLASLT_MATMUL_TILE_88x192: u32 = 145;
+        pub const CUBLASLT_MATMUL_TILE_88x256: u32 = 146;
+        pub const CUBLASLT_MATMUL_TILE_88x320: u32 = 147;
+        pub const CUBLASLT_MATMUL_TILE_88x384: u32 = 148;
+        pub const CUBLASLT_MATMUL_TILE_88x448: u32 = 149;
+        pub const CUBLASLT_MATMUL_TILE_88x512: u32 = 150;
+        pub const CUBLASLT_MATMUL_TILE_96x192: u32 = 151;
+        pub const CUBLASLT_MATMUL_TILE_96x256: u32 = 152;
+        pub const CUBLASLT_MATMUL_TILE_96x320: u32 = 153;
+        pub const CUBLASLT_MATMUL_TILE_96x384: u32 = 154;
+        pub const CUBLASLT_MATMUL_TILE_96x448: u32 = 155;
+        pub const CUBLASLT_MATMUL_TILE_96x512: u32 = 156;
+        pub const CUBLASLT_MATMUL_TILE_104x64: u32 = 157;
+        pub const CUBLASLT_MATMUL_TILE_104x128: u32 = 158;
+        pub const CUBLASLT_MATMUL_TILE_104x192: u32 = 159;
+        pub const CUBLASLT_MATMUL_TILE_104x256: u32 = 160;
+        pub const CUBLASLT_MATMUL_TILE_104x320: u32 = 161;
+        pub const CUBLASLT_MATMUL_TILE_104x384: u32 = 162;
+        pub const CUBLASLT_MATMUL_TILE_104x448: u32 = 163;
+        pub const CUBLASLT_MATMUL_TILE_112x64: u32 = 164;
+        pub const CUBLASLT_MATMUL_TILE_112x128: u32 = 165;
+        pub const CUBLASLT_MATMUL_TILE_112x192: u32 = 166;
+        pub const CUBLASLT_MATMUL_TILE_112x256: u32 = 167;
+        pub const CUBLASLT_MATMUL_TILE_112x320: u32 = 168;
+        pub const CUBLASLT_MATMUL_TILE_112x384: u32 = 169;
+        pub const CUBLASLT_MATMUL_TILE_120x64: u32 = 170;
+        pub const CUBLASLT_MATMUL_TILE_120x128: u32 = 171;
+        pub const CUBLASLT_MATMUL_TILE_120x192: u32 = 172;
+        pub const CUBLASLT_MATMUL_TILE_120x256: u32 = 173;
+        pub const CUBLASLT_MATMUL_TILE_120x320: u32 = 174;
+        pub const CUBLASLT_MATMUL_TILE_120x384: u32 = 175;
+        pub const CUBLASLT_MATMUL_TILE_128x320: u32 = 176;
+        pub const CUBLASLT_MATMUL_TILE_128x384: u32 = 177;
+        pub const CUBLASLT_MATMUL_TILE_136x64: u32 = 178;
+        pub const CUBLASLT_MATMUL_TILE_136x128: u32 = 179;
+        pub const CUBLASLT_MATMUL_TILE_136x192: u32 = 180;
+        pub const CUBLASLT_MATMUL_TILE_136x256: u32 = 181;
+        pub const CUBLASLT_MATMUL_TILE_136x320: u32 = 182;
+        pub const CUBLASLT_MATMUL_TILE_144x64: u32 = 183;
+        pub const CUBLASLT_MATMUL_TILE_144x128: u32 = 184;
+        pub const CUBLASLT_MATMUL_TILE_144x192: u32 = 185;
+        pub const CUBLASLT_MATMUL_TILE_144x256: u32 = 186;
+        pub const CUBLASLT_MATMUL_TILE_144x320: u32 = 187;
+        pub const CUBLASLT_MATMUL_TILE_152x64: u32 = 188;
+        pub const CUBLASLT_MATMUL_TILE_152x128: u32 = 189;
+        pub const CUBLASLT_MATMUL_TILE_152x192: u32 = 190;
+        pub const CUBLASLT_MATMUL_TILE_152x256: u32 = 191;
+        pub const CUBLASLT_MATMUL_TILE_152x320: u32 = 192;
+        pub const CUBLASLT_MATMUL_TILE_160x64: u32 = 193;
+        pub const CUBLASLT_MATMUL_TILE_160x192: u32 = 194;
+        pub const CUBLASLT_MATMUL_TILE_160x256: u32 = 195;
+        pub const CUBLASLT_MATMUL_TILE_168x64: u32 = 196;
+        pub const CUBLASLT_MATMUL_TILE_168x128: u32 = 197;
+        pub const CUBLASLT_MATMUL_TILE_168x192: u32 = 198;
+        pub const CUBLASLT_MATMUL_TILE_168x256: u32 = 199;
+        pub const CUBLASLT_MATMUL_TILE_176x64: u32 = 200;
+        pub const CUBLASLT_MATMUL_TILE_176x128: u32 = 201;
+        pub const CUBLASLT_MATMUL_TILE_176x192: u32 = 202;
+        pub const CUBLASLT_MATMUL_TILE_176x256: u32 = 203;
+        pub const CUBLASLT_MATMUL_TILE_184x64: u32 = 204;
+        pub const CUBLASLT_MATMUL_TILE_184x128: u32 = 205;
+        pub const CUBLASLT_MATMUL_TILE_184x192: u32 = 206;
+        pub const CUBLASLT_MATMUL_TILE_184x256: u32 = 207;
+        pub const CUBLASLT_MATMUL_TILE_192x64: u32 = 208;
+        pub const CUBLASLT_MATMUL_TILE_192x192: u32 = 209;
+        pub const CUBLASLT_MATMUL_TILE_192x256: u32 = 210;
+        pub const CUBLASLT_MATMUL_TILE_200x64: u32 = 211;
+        pub const CUBLASLT_MATMUL_TILE_200x128: u32 = 212;
+        pub const CUBLASLT_MATMUL_TILE_200x192: u32 = 213;
+        pub const CUBLASLT_MATMUL_TILE_208x64: u32 = 214;
+        pub const CUBLASLT_MATMUL_TILE_208x128: u32 = 215;
+        pub const CUBLASLT_MATMUL_TILE_208x192: u32 = 216;
+        pub const CUBLASLT_MATMUL_TILE_216x64: u32 = 217;
+        pub const CUBLASLT_MATMUL_TILE_216x128: u32 = 218;
+        pub const CUBLASLT_MATMUL_TILE_216x192: u32 = 219;
+        pub const CUBLASLT_MATMUL_TILE_224x64: u32 = 220;
+        pub const CUBLASLT_MATMUL_TILE_224x128: u32 = 221;
+        pub const CUBLASLT_MATMUL_TILE_224x192: u32 = 222;
+        pub const CUBLASLT_MATMUL_TILE_232x64: u32 = 223;
+        pub const CUBLASLT_MATMUL_TILE_232x128: u32 = 224;
+        pub const CUBLASLT_MATMUL_TILE_232x192: u32 = 225;
+        pub const CUBLASLT_MATMUL_TILE_240x64: u32 = 226;
+        pub const CUBLASLT_MATMUL_TILE_240x128: u32 = 227;
+        pub const CUBLASLT_MATMUL_TILE_240x192: u32 = 228;
+        pub const CUBLASLT_MATMUL_TILE_248x64: u32 = 229;
+        pub const CUBLASLT_MATMUL_TILE_248x128: u32 = 230;
+        pub const CUBLASLT_MATMUL_TILE_248x192: u32 = 231;
+        pub const CUBLASLT_MATMUL_TILE_256x192: u32 = 232;
+        pub const CUBLASLT_MATMUL_TILE_264x64: u32 = 233;
+        pub const CUBLASLT_MATMUL_TILE_264x128: u32 = 234;
+        pub const CUBLASLT_MATMUL_TILE_272x64: u32 = 235;
+        pub const CUBLASLT_MATMUL_TILE_272x128: u32 = 236;
+        pub const CUBLASLT_MATMUL_TILE_280x64: u32 = 237;
+        pub const CUBLASLT_MATMUL_TILE_280x128: u32 = 238;
+        pub const CUBLASLT_MATMUL_TILE_288x64: u32 = 239;
+        pub const CUBLASLT_MATMUL_TILE_288x128: u32 = 240;
+        pub const CUBLASLT_MATMUL_TILE_296x64: u32 = 241;
+        pub const CUBLASLT_MATMUL_TILE_296x128: u32 = 242;
+        pub const CUBLASLT_MATMUL_TILE_304x64: u32 = 243;
+        pub const CUBLASLT_MATMUL_TILE_304x128: u32 = 244;
+        pub const CUBLASLT_MATMUL_TILE_312x64: u32 = 245;
+        pub const CUBLASLT_MATMUL_TILE_312x128: u32 = 246;
+        pub const CUBLASLT_MATMUL_TILE_320x64: u32 = 247;
+        pub const CUBLASLT_MATMUL_TILE_320x128: u32 = 248;
+        pub const CUBLASLT_MATMUL_TILE_328x64: u32 = 249;
+        pub const CUBLASLT_MATMUL_TILE_328x128: u32 = 250;
+        pub const CUBLASLT_MATMUL_TILE_336x64: u32 = 251;
+        pub const CUBLASLT_MATMUL_TILE_336x128: u32 = 252;
+        pub const CUBLASLT_MATMUL_TILE_344x64: u32 = 253;
+        pub const CUBLASLT_MATMUL_TILE_344x128: u32 = 254;
+        pub const CUBLASLT_MATMUL_TILE_352x64: u32 = 255;
+        pub const CUBLASLT_MATMUL_TILE_352x128: u32 = 256;
+        pub const CUBLASLT_MATMUL_TILE_360x64: u32 = 257;
+        pub const CUBLASLT_MATMUL_TILE_360x128: u32 = 258;
+        pub const CUBLASLT_MATMUL_TILE_368x64: u32 = 259;
+        pub const CUBLASLT_MATMUL_TILE_368x128: u32 = 260;
+        pub const CUBLASLT_MATMUL_TILE_376x64: u32 = 261;
+        pub const CUBLASLT_MATMUL_TILE_376x128: u32 = 262;
+        pub const CUBLASLT_MATMUL_TILE_384x64: u32 = 263;
+        pub const CUBLASLT_MATMUL_TILE_384x128: u32 = 264;
+        pub const CUBLASLT_MATMUL_TILE_392x64: u32 = 265;
+        pub const CUBLASLT_MATMUL_TILE_400x64: u32 = 266;
+        pub const CUBLASLT_MATMUL_TILE_408x64: u32 = 267;
+        pub const CUBLASLT_MATMUL_TILE_416x64: u32 = 268;
+        pub const CUBLASLT_MATMUL_TILE_424x64: u32 = 269;
+        pub const CUBLASLT_MATMUL_TILE_432x64: u32 = 270;
+        pub const CUBLASLT_MATMUL_TILE_440x64: u32 = 271;
+        pub const CUBLASLT_MATMUL_TILE_448x64: u32 = 272;
+        pub const CUBLASLT_MATMUL_TILE_456x64: u32 = 273;
+        pub const CUBLASLT_MATMUL_TILE_464x64: u32 = 274;
+        pub const CUBLASLT_MATMUL_TILE_472x64: u32 = 275;
+        pub const CUBLASLT_MATMUL_TILE_480x64: u32 = 276;
+        pub const CUBLASLT_MATMUL_TILE_488x64: u32 = 277;
+        pub const CUBLASLT_MATMUL_TILE_496x64: u32 = 278;
+        pub const CUBLASLT_MATMUL_TILE_504x64: u32 = 279;
+        pub const CUBLASLT_MATMUL_TILE_520x64: u32 = 280;
+        pub const CUBLASLT_MATMUL_TILE_528x64: u32 = 281;
+        pub const CUBLASLT_MATMUL_TILE_536x64: u32 = 282;
+        pub const CUBLASLT_MATMUL_TILE_544x64: u32 = 283;
+        pub const CUBLASLT_MATMUL_TILE_552x64: u32 = 284;
+        pub const CUBLASLT_MATMUL_TILE_560x64: u32 = 285;
+        pub const CUBLASLT_MATMUL_TILE_568x64: u32 = 286;
+        pub const CUBLASLT_MATMUL_TILE_576x64: u32 = 287;
+        pub const CUBLASLT_MATMUL_TILE_584x64: u32 = 288;
+        pub const CUBLASLT_MATMUL_TILE_592x64: u32 = 289;
+        pub const CUBLASLT_MATMUL_TILE_600x64: u32 = 290;
+        pub const CUBLASLT_MATMUL_TILE_608x64: u32 = 291;
+        pub const CUBLASLT_MATMUL_TILE_616x64: u32 = 292;
+        pub const CUBLASLT_MATMUL_TILE_624x64: u32 = 293;
+        pub const CUBLASLT_MATMUL_TILE_632x64: u32 = 294;
+        pub const CUBLASLT_MATMUL_TILE_640x64: u32 = 295;
+        pub const CUBLASLT_MATMUL_TILE_648x64: u32 = 296;
+        pub const CUBLASLT_MATMUL_TILE_656x64: u32 = 297;
+        pub const CUBLASLT_MATMUL_TILE_664x64: u32 = 298;
+        pub const CUBLASLT_MATMUL_TILE_672x64: u32 = 299;
+        pub const CUBLASLT_MATMUL_TILE_680x64: u32 = 300;
+        pub const CUBLASLT_MATMUL_TILE_688x64: u32 = 301;
+        pub const CUBLASLT_MATMUL_TILE_696x64: u32 = 302;
+        pub const CUBLASLT_MATMUL_TILE_704x64: u32 = 303;
+        pub const CUBLASLT_MATMUL_TILE_712x64: u32 = 304;
+        pub const CUBLASLT_MATMUL_TILE_720x64: u32 = 305;
+        pub const CUBLASLT_MATMUL_TILE_728x64: u32 = 306;
+        pub const CUBLASLT_MATMUL_TILE_736x64: u32 = 307;
+        pub const CUBLASLT_MATMUL_TILE_744x64: u32 = 308;
+        pub const CUBLASLT_MATMUL_TILE_752x64: u32 = 309;
+        pub const CUBLASLT_MATMUL_TILE_760x64: u32 = 310;
+        pub const CUBLASLT_MATMUL_TILE_768x64: u32 = 311;
+        pub const CUBLASLT_MATMUL_TILE_64x16: u32 = 312;
+        pub const CUBLASLT_MATMUL_TILE_64x24: u32 = 313;
+        pub const CUBLASLT_MATMUL_TILE_64x40: u32 = 314;
+        pub const CUBLASLT_MATMUL_TILE_64x48: u32 = 315;
+        pub const CUBLASLT_MATMUL_TILE_64x56: u32 = 316;
+        pub const CUBLASLT_MATMUL_TILE_64x72: u32 = 317;
+        pub const CUBLASLT_MATMUL_TILE_64x80: u32 = 318;
+        pub const CUBLASLT_MATMUL_TILE_64x88: u32 = 319;
+        pub const CUBLASLT_MATMUL_TILE_64x104: u32 = 320;
+        pub const CUBLASLT_MATMUL_TILE_64x112: u32 = 321;
+        pub const CUBLASLT_MATMUL_TILE_64x120: u32 = 322;
+        pub const CUBLASLT_MATMUL_TILE_64x136: u32 = 323;
+        pub const CUBLASLT_MATMUL_TILE_64x144: u32 = 324;
+        pub const CUBLASLT_MATMUL_TILE_64x152: u32 = 325;
+        pub const CUBLASLT_MATMUL_TILE_64x160: u32 = 326;
+        pub const CUBLASLT_MATMUL_TILE_64x168: u32 = 327;
+        pub const CUBLASLT_MATMUL_TILE_64x176: u32 = 328;
+        pub const CUBLASLT_MATMUL_TILE_64x184: u32 = 329;
+        pub const CUBLASLT_MATMUL_TILE_64x200: u32 = 330;
+        pub const CUBLASLT_MATMUL_TILE_64x208: u32 = 331;
+        pub const CUBLASLT_MATMUL_TILE_64x216: u32 = 332;
+        pub const CUBLASLT_MATMUL_TILE_64x224: u32 = 333;
+        pub const CUBLASLT_MATMUL_TILE_64x232: u32 = 334;
+        pub const CUBLASLT_MATMUL_TILE_64x240: u32 = 335;
+        pub const CUBLASLT_MATMUL_TILE_64x248: u32 = 336;
+        pub const CUBLASLT_MATMUL_TILE_64x264: u32 = 337;
+        pub const CUBLASLT_MATMUL_TILE_64x272: u32 = 338;
+        pub const CUBLASLT_MATMUL_TILE_64x280: u32 = 339;
+        pub const CUBLASLT_MATMUL_TILE_64x288: u32 = 340;
+        pub const CUBLASLT_MATMUL_TILE_64x296: u32 = 341;
+        pub const CUBLASLT_MATMUL_TILE_64x304: u32 = 342;
+        pub const CUBLASLT_MATMUL_TILE_64x312: u32 = 343;
+        pub const CUBLASLT_MATMUL_TILE_64x328: u32 = 344;
+        pub const CUBLASLT_MATMUL_TILE_64x336: u32 = 345;
+        pub const CUBLASLT_MATMUL_TILE_64x344: u32 = 346;
+        pub const CUBLASLT_MATMUL_TILE_64x352: u32 = 347;
+        pub const CUBLASLT_MATMUL_TILE_64x360: u32 = 348;
+        pub const CUBLASLT_MATMUL_TILE_64x368: u32 = 349;
+        pub const CUBLASLT_MATMUL_TILE_64x376: u32 = 350;
+        pub const CUBLASLT_MATMUL_TILE_64x392: u32 = 351;
+        pub const CUBLASLT_MATMUL_TILE_64x400: u32 = 352;
+        pub const CUBLASLT_MATMUL_TILE_64x408: u32 = 353;
+        pub const CUBLASLT_MATMUL_TILE_64x416: u32 = 354;
+        pub const CUBLASLT_MATMUL_TILE_64x424: u32 = 355;
+        pub const CUBLASLT_MATMUL_TILE_64x432: u32 = 356;
+        pub const CUBLASLT_MATMUL_TILE_64x440: u32 = 357;
+        pub const CUBLASLT_MATMUL_TILE_64x456: u32 = 358;
+        pub const CUBLASLT_MATMUL_TILE_64x464: u32 = 359;
+        pub const CUBLASLT_MATMUL_TILE_64x472: u32 = 360;
+        pub const CUBLASLT_MATMUL_TILE_64x480: u32 = 361;
+        pub const CUBLASLT_MATMUL_TILE_64x488: u32 = 362;
+        pub const CUBLASLT_MATMUL_TILE_64x496: u32 = 363;
+        pub const CUBLASLT_MATMUL_TILE_64x504: u32 = 364;
+        pub const CUBLASLT_MATMUL_TILE_64x520: u32 = 365;
+        pub const CUBLASLT_MATMUL_TILE_64x528: u32 = 366;
+        pub const CUBLASLT_MATMUL_TILE_64x536: u32 = 367;
+        pub const CUBLASLT_MATMUL_TILE_64x544: u32 = 368;
+        pub const CUBLASLT_MATMUL_TILE_64x552: u32 = 369;
+        pub const CUBLASLT_MATMUL_TILE_64x560: u32 = 370;
+        pub const CUBLASLT_MATMUL_TILE_64x568: u32 = 371;
+        pub const CUBLASLT_MATMUL_TILE_64x584: u32 = 372;
+        pub const CUBLASLT_MATMUL_TILE_64x592: u32 = 373;
+        pub const CUBLASLT_MATMUL_TILE_64x600: u32 = 374;
+        pub const CUBLASLT_MATMUL_TILE_64x608: u32 = 375;
+        pub const CUBLASLT_MATMUL_TILE_64x616: u32 = 376;
+        pub const CUBLASLT_MATMUL_TILE_64x624: u32 = 377;
+        pub const CUBLASLT_MATMUL_TILE_64x632: u32 = 378;
+        pub const CUBLASLT_MATMUL_TILE_64x648: u32 = 379;
+        pub const CUBLASLT_MATMUL_TILE_64x656: u32 = 380;
+        pub const CUBLASLT_MATMUL_TILE_64x664: u32 = 381;
+        pub const CUBLASLT_MATMUL_TILE_64x672: u32 = 382;
+        pub const CUBLASLT_MATMUL_TILE_64x680: u32 = 383;
+        pub const CUBLASLT_MATMUL_TILE_64x688: u32 = 384;
+        pub const CUBLASLT_MATMUL_TILE_64x696: u32 = 385;
+        pub const CUBLASLT_MATMUL_TILE_64x712: u32 = 386;
+        pub const CUBLASLT_MATMUL_TILE_64x720: u32 = 387;
+        pub const CUBLASLT_MATMUL_TILE_64x728: u32 = 388;
+        pub const CUBLASLT_MATMUL_TILE_64x736: u32 = 389;
+        pub const CUBLASLT_MATMUL_TILE_64x744: u32 = 390;
+        pub const CUBLASLT_MATMUL_TILE_64x752: u32 = 391;
+        pub const CUBLASLT_MATMUL_TILE_64x760: u32 = 392;
+        pub const CUBLASLT_MATMUL_TILE_128x8: u32 = 393;
+        pub const CUBLASLT_MATMUL_TILE_128x16: u32 = 394;
+        pub const CUBLASLT_MATMUL_TILE_128x24: u32 = 395;
+        pub const CUBLASLT_MATMUL_TILE_128x40: u32 = 396;
+        pub const CUBLASLT_MATMUL_TILE_128x48: u32 = 397;
+        pub const CUBLASLT_MATMUL_TILE_128x56: u32 = 398;
+        pub const CUBLASLT_MATMUL_TILE_128x72: u32 = 399;
+        pub const CUBLASLT_MATMUL_TILE_128x80: u32 = 400;
+        pub const CUBLASLT_MATMUL_TILE_128x88: u32 = 401;
+        pub const CUBLASLT_MATMUL_TILE_128x104: u32 = 402;
+        pub const CUBLASLT_MATMUL_TILE_128x112: u32 = 403;
+        pub const CUBLASLT_MATMUL_TILE_128x120: u32 = 404;
+        pub const CUBLASLT_MATMUL_TILE_128x136: u32 = 405;
+        pub const CUBLASLT_MATMUL_TILE_128x144: u32 = 406;
+        pub const CUBLASLT_MATMUL_TILE_128x152: u32 = 407;
+        pub const CUBLASLT_MATMUL_TILE_128x168: u32 = 408;
+        pub const CUBLASLT_MATMUL_TILE_128x176: u32 = 409;
+        pub const CUBLASLT_MATMUL_TILE_128x184: u32 = 410;
+        pub const CUBLASLT_MATMUL_TILE_128x200: u32 = 411;
+        pub const CUBLASLT_MATMUL_TILE_128x208: u32 = 412;
+        pub const CUBLASLT_MATMUL_TILE_128x216: u32 = 413;
+        pub const CUBLASLT_MATMUL_TILE_128x224: u32 = 414;
+        pub const CUBLASLT_MATMUL_TILE_128x232: u32 = 415;
+        pub const CUBLASLT_MATMUL_TILE_128x240: u32 = 416;
+        pub const CUBLASLT_MATMUL_TILE_128x248: u32 = 417;
+        pub const CUBLASLT_MATMUL_TILE_128x264: u32 = 418;
+        pub const CUBLASLT_MATMUL_TILE_128x272: u32 = 419;
+        pub const CUBLASLT_MATMUL_TILE_128x280: u32 = 420;
+        pub const CUBLASLT_MATMUL_TILE_128x288: u32 = 421;
+        pub const CUBLASLT_MATMUL_TILE_128x296: u32 = 422;
+        pub const CUBLASLT_MATMUL_TILE_128x304: u32 = 423;
+        pub const CUBLASLT_MATMUL_TILE_128x312: u32 = 424;
+        pub const CUBLASLT_MATMUL_TILE_128x328: u32 = 425;
+        pub const CUBLASLT_MATMUL_TILE_128x336: u32 = 426;
+        pub const CUBLASLT_MATMUL_TILE_128x344: u32 = 427;
+        pub const CUBLASLT_MATMUL_TILE_128x352: u32 = 428;
+        pub const CUBLASLT_MATMUL_TILE_128x360: u32 = 429;
+        pub const CUBLASLT_MATMUL_TILE_128x368: u32 = 430;
+        pub const CUBLASLT_MATMUL_TILE_128x376: u32 = 431;
+        pub const CUBLASLT_MATMUL_TILE_128x392: u32 = 432;
+        pub const CUBLASLT_MATMUL_TILE_128x400: u32 = 433;
+        pub const CUBLASLT_MATMUL_TILE_128x408: u32 = 434;
+        pub const CUBLASLT_MATMUL_TILE_128x416: u32 = 435;
+        pub const CUBLASLT_MATMUL_TILE_128x424: u32 = 436;
+        pub const CUBLASLT_MATMUL_TILE_128x432: u32 = 437;
+        pub const CUBLASLT_MATMUL_TILE_128x440: u32 = 438;
+        pub const CUBLASLT_MATMUL_TILE_128x448: u32 = 439;
+        pub const CUBLASLT_MATMUL_TILE_128x456: u32 = 440;
+        pub const CUBLASLT_MATMUL_TILE_128x464: u32 = 441;
+        pub const CUBLASLT_MATMUL_TILE_128x472: u32 = 442;
+        pub const CUBLASLT_MATMUL_TILE_128x480: u32 = 443;
+        pub const CUBLASLT_MATMUL_TILE_128x488: u32 = 444;
+        pub const CUBLASLT_MATMUL_TILE_128x496: u32 = 445;
+        pub const CUBLASLT_MATMUL_TILE_128x504: u32 = 446;
+        pub const CUBLASLT_MATMUL_TILE_128x512: u32 = 447;
+        pub const CUBLASLT_MATMUL_TILE_192x8: u32 = 448;
+        pub const CUBLASLT_MATMUL_TILE_192x16: u32 = 449;
+        pub const CUBLASLT_MATMUL_TILE_192x24: u32 = 450;
+        pub const CUBLASLT_MATMUL_TILE_192x32: u32 = 451;
+        pub const CUBLASLT_MATMUL_TILE_192x40: u32 = 452;
+        pub const CUBLASLT_MATMUL_TILE_192x48: u32 = 453;
+        pub const CUBLASLT_MATMUL_TILE_192x56: u32 = 454;
+        pub const CUBLASLT_MATMUL_TILE_192x72: u32 = 455;
+        pub const CUBLASLT_MATMUL_TILE_192x80: u32 = 456;
+        pub const CUBLASLT_MATMUL_TILE_192x88: u32 = 457;
+        pub const CUBLASLT_MATMUL_TILE_192x96: u32 = 458;
+        pub const CUBLASLT_MATMUL_TILE_192x104: u32 = 459;
+        pub const CUBLASLT_MATMUL_TILE_192x112: u32 = 460;
+        pub const CUBLASLT_MATMUL_TILE_192x120: u32 = 461;
+        pub const CUBLASLT_MATMUL_TILE_192x136: u32 = 462;
+        pub const CUBLASLT_MATMUL_TILE_192x144: u32 = 463;
+        pub const CUBLASLT_MATMUL_TILE_192x152: u32 = 464;
+        pub const CUBLASLT_MATMUL_TILE_192x160: u32 = 465;
+        pub const CUBLASLT_MATMUL_TILE_192x168: u32 = 466;
+        pub const CUBLASLT_MATMUL_TILE_192x176: u32 = 467;
+        pub const CUBLASLT_MATMUL_TILE_192x184: u32 = 468;
+        pub const CUBLASLT_MATMUL_TILE_192x200: u32 = 469;
+        pub const CUBLASLT_MATMUL_TILE_192x208: u32 = 470;
+        pub const CUBLASLT_MATMUL_TILE_192x216: u32 = 471;
+        pub const CUBLASLT_MATMUL_TILE_192x224: u32 = 472;
+        pub const CUBLASLT_MATMUL_TILE_192x232: u32 = 473;
+        pub const CUBLASLT_MATMUL_TILE_192x240: u32 = 474;
+        pub const CUBLASLT_MATMUL_TILE_192x248: u32 = 475;
+        pub const CUBLASLT_MATMUL_TILE_192x264: u32 = 476;
+        pub const CUBLASLT_MATMUL_TILE_192x272: u32 = 477;
+        pub const CUBLASLT_MATMUL_TILE_192x280: u32 = 478;
+        pub const CUBLASLT_MATMUL_TILE_192x288: u32 = 479;
+        pub const CUBLASLT_MATMUL_TILE_192x296: u32 = 480;
+        pub const CUBLASLT_MATMUL_TILE_192x304: u32 = 481;
+        pub const CUBLASLT_MATMUL_TILE_192x312: u32 = 482;
+        pub const CUBLASLT_MATMUL_TILE_192x320: u32 = 483;
+        pub const CUBLASLT_MATMUL_TILE_192x328: u32 = 484;
+        pub const CUBLASLT_MATMUL_TILE_192x336: u32 = 485;
+        pub const CUBLASLT_MATMUL_TILE_256x8: u32 = 486;
+        pub const CUBLASLT_MATMUL_TILE_256x16: u32 = 487;
+        pub const CUBLASLT_MATMUL_TILE_256x24: u32 = 488;
+        pub const CUBLASLT_MATMUL_TILE_256x40: u32 = 489;
+        pub const CUBLASLT_MATMUL_TILE_256x48: u32 = 490;
+        pub const CUBLASLT_MATMUL_TILE_256x56: u32 = 491;
+        pub const CUBLASLT_MATMUL_TILE_256x72: u32 = 492;
+        pub const CUBLASLT_MATMUL_TILE_256x80: u32 = 493;
+        pub const CUBLASLT_MATMUL_TILE_256x88: u32 = 494;
+        pub const CUBLASLT_MATMUL_TILE_256x96: u32 = 495;
+        pub const CUBLASLT_MATMUL_TILE_256x104: u32 = 496;
+        pub const CUBLASLT_MATMUL_TILE_256x112: u32 = 497;
+        pub const CUBLASLT_MATMUL_TILE_256x120: u32 = 498;
+        pub const CUBLASLT_MATMUL_TILE_256x136: u32 = 499;
+        pub const CUBLASLT_MATMUL_TILE_256x144: u32 = 500;
+        pub const CUBLASLT_MATMUL_TILE_256x152: u32 = 501;
+        pub const CUBLASLT_MATMUL_TILE_256x160: u32 = 502;
+        pub const CUBLASLT_MATMUL_TILE_256x168: u32 = 503;
+        pub const CUBLASLT_MATMUL_TILE_256x176: u32 = 504;
+        pub const CUBLASLT_MATMUL_TILE_256x184: u32 = 505;
+        pub const CUBLASLT_MATMUL_TILE_256x200: u32 = 506;
+        pub const CUBLASLT_MATMUL_TILE_256x208: u32 = 507;
+        pub const CUBLASLT_MATMUL_TILE_256x216: u32 = 508;
+        pub const CUBLASLT_MATMUL_TILE_256x224: u32 = 509;
+        pub const CUBLASLT_MATMUL_TILE_256x232: u32 = 510;
+        pub const CUBLASLT_MATMUL_TILE_256x240: u32 = 511;
+        pub const CUBLASLT_MATMUL_TILE_256x248: u32 = 512;
+        pub const CUBLASLT_MATMUL_TILE_256x256: u32 = 513;
+        pub const CUBLASLT_MATMUL_TILE_320x8: u32 = 514;
+        pub const CUBLASLT_MATMUL_TILE_320x16: u32 = 515;
+        pub const CUBLASLT_MATMUL_TILE_320x24: u32 = 516;
+        pub const CUBLASLT_MATMUL_TILE_320x32: u32 = 517;
+        pub const CUBLASLT_MATMUL_TILE_320x40: u32 = 518;
+        pub const CUBLASLT_MATMUL_TILE_320x48: u32 = 519;
+        pub const CUBLASLT_MATMUL_TILE_320x56: u32 = 520;
+        pub const CUBLASLT_MATMUL_TILE_320x72: u32 = 521;
+        pub const CUBLASLT_MATMUL_TILE_320x80: u32 = 522;
+        pub const CUBLASLT_MATMUL_TILE_320x88: u32 = 523;
+        pub const CUBLASLT_MATMUL_TILE_320x96: u32 = 524;
+        pub const CUBLASLT_MATMUL_TILE_320x104: u32 = 525;
+        pub const CUBLASLT_MATMUL_TILE_320x112: u32 = 526;
+        pub const CUBLASLT_MATMUL_TILE_320x120: u32 = 527;
+        pub const CUBLASLT_MATMUL_TILE_320x136: u32 = 528;
+        pub const CUBLASLT_MATMUL_TILE_320x144: u32 = 529;
+        pub const CUBLASLT_MATMUL_TILE_320x152: u32 = 530;
+        pub const CUBLASLT_MATMUL_TILE_320x160: u32 = 531;
+        pub const CUBLASLT_MATMUL_TILE_320x168: u32 = 532;
+        pub const CUBLASLT_MATMUL_TILE_320x176: u32 = 533;
+        pub const CUBLASLT_MATMUL_TILE_320x184: u32 = 534;
+        pub const CUBLASLT_MATMUL_TILE_320x192: u32 = 535;
+        pub const CUBLASLT_MATMUL_TILE_320x200: u32 = 536;
+        pub const CUBLASLT_MATMUL_TILE_384x8: u32 = 537;
+        pub const CUBLASLT_MATMUL_TILE_384x16: u32 = 538;
+        pub const CUBLASLT_MATMUL_TILE_384x24: u32 = 539;
+        pub const CUBLASLT_MATMUL_TILE_384x32: u32 = 540;
+        pub const CUBLASLT_MATMUL_TILE_384x40: u32 = 541;
+        pub const CUBLASLT_MATMUL_TILE_384x48: u32 = 542;
+        pub const CUBLASLT_MATMUL_TILE_384x56: u32 = 543;
+        pub const CUBLASLT_MATMUL_TILE_384x72: u32 = 544;
+        pub const CUBLASLT_MATMUL_TILE_384x80: u32 = 545;
+        pub const CUBLASLT_MATMUL_TILE_384x88: u32 = 546;
+        pub const CUBLASLT_MATMUL_TILE_384x96: u32 = 547;
+        pub const CUBLASLT_MATMUL_TILE_384x104: u32 = 548;
+        pub const CUBLASLT_MATMUL_TILE_384x112: u32 = 549;
+        pub const CUBLASLT_MATMUL_TILE_384x120: u32 = 550;
+        pub const CUBLASLT_MATMUL_TILE_384x136: u32 = 551;
+        pub const CUBLASLT_MATMUL_TILE_384x144: u32 = 552;
+        pub const CUBLASLT_MATMUL_TILE_384x152: u32 = 553;
+        pub const CUBLASLT_MATMUL_TILE_384x160: u32 = 554;
+        pub const CUBLASLT_MATMUL_TILE_384x168: u32 = 555;
+        pub const CUBLASLT_MATMUL_TILE_448x8: u32 = 556;
+        pub const CUBLASLT_MATMUL_TILE_448x16: u32 = 557;
+        pub const CUBLASLT_MATMUL_TILE_448x24: u32 = 558;
+        pub const CUBLASLT_MATMUL_TILE_448x32: u32 = 559;
+        pub const CUBLASLT_MATMUL_TILE_448x40: u32 = 560;
+        pub const CUBLASLT_MATMUL_TILE_448x48: u32 = 561;
+        pub const CUBLASLT_MATMUL_TILE_448x56: u32 = 562;
+        pub const CUBLASLT_MATMUL_TILE_448x72: u32 = 563;
+        pub const CUBLASLT_MATMUL_TILE_448x80: u32 = 564;
+        pub const CUBLASLT_MATMUL_TILE_448x88: u32 = 565;
+        pub const CUBLASLT_MATMUL_TILE_448x96: u32 = 566;
+        pub const CUBLASLT_MATMUL_TILE_448x104: u32 = 567;
+        pub const CUBLASLT_MATMUL_TILE_448x112: u32 = 568;
+        pub const CUBLASLT_MATMUL_TILE_448x120: u32 = 569;
+        pub const CUBLASLT_MATMUL_TILE_448x128: u32 = 570;
+        pub const CUBLASLT_MATMUL_TILE_448x136: u32 = 571;
+        pub const CUBLASLT_MATMUL_TILE_448x144: u32 = 572;
+        pub const CUBLASLT_MATMUL_TILE_512x8: u32 = 573;
+        pub const CUBLASLT_MATMUL_TILE_512x16: u32 = 574;
+        pub const CUBLASLT_MATMUL_TILE_512x24: u32 = 575;
+        pub const CUBLASLT_MATMUL_TILE_512x32: u32 = 576;
+        pub const CUBLASLT_MATMUL_TILE_512x40: u32 = 577;
+        pub const CUBLASLT_MATMUL_TILE_512x48: u32 = 578;
+        pub const CUBLASLT_MATMUL_TILE_512x56: u32 = 579;
+        pub const CUBLASLT_MATMUL_TILE_512x72: u32 = 580;
+        pub const CUBLASLT_MATMUL_TILE_512x80: u32 = 581;
+        pub const CUBLASLT_MATMUL_TILE_512x88: u32 = 582;
+        pub const CUBLASLT_MATMUL_TILE_512x96: u32 = 583;
+        pub const CUBLASLT_MATMUL_TILE_512x104: u32 = 584;
+        pub const CUBLASLT_MATMUL_TILE_512x112: u32 = 585;
+        pub const CUBLASLT_MATMUL_TILE_512x120: u32 = 586;
+        pub const CUBLASLT_MATMUL_TILE_512x128: u32 = 587;
+        pub const CUBLASLT_MATMUL_TILE_576x8: u32 = 588;
+        pub const CUBLASLT_MATMUL_TILE_576x16: u32 = 589;
+        pub const CUBLASLT_MATMUL_TILE_576x24: u32 = 590;
+        pub const CUBLASLT_MATMUL_TILE_576x32: u32 = 591;
+        pub const CUBLASLT_MATMUL_TILE_576x40: u32 = 592;
+        pub const CUBLASLT_MATMUL_TILE_576x48: u32 = 593;
+        pub const CUBLASLT_MATMUL_TILE_576x56: u32 = 594;
+        pub const CUBLASLT_MATMUL_TILE_576x72: u32 = 595;
+        pub const CUBLASLT_MATMUL_TILE_576x80: u32 = 596;
+        pub const CUBLASLT_MATMUL_TILE_576x88: u32 = 597;
+        pub const CUBLASLT_MATMUL_TILE_576x96: u32 = 598;
+        pub const CUBLASLT_MATMUL_TILE_576x104: u32 = 599;
+        pub const CUBLASLT_MATMUL_TILE_576x112: u32 = 600;
+        pub const CUBLASLT_MATMUL_TILE_640x8: u32 = 601;
+        pub const CUBLASLT_MATMUL_TILE_640x16: u32 = 602;
+        pub const CUBLASLT_MATMUL_TILE_640x24: u32 = 603;
+        pub const CUBLASLT_MATMUL_TILE_640x32: u32 = 604;
+        pub const CUBLASLT_MATMUL_TILE_640x40: u32 = 605;
+        pub const CUBLASLT_MATMUL_TILE_640x48: u32 = 606;
+        pub const CUBLASLT_MATMUL_TILE_640x56: u32 = 607;
+        pub const CUBLASLT_MATMUL_TILE_640x72: u32 = 608;
+        pub const CUBLASLT_MATMUL_TILE_640x80: u32 = 609;
+        pub const CUBLASLT_MATMUL_TILE_640x88: u32 = 610;
+        pub const CUBLASLT_MATMUL_TILE_640x96: u32 = 611;
+        pub const CUBLASLT_MATMUL_TILE_704x8: u32 = 612;
+        pub const CUBLASLT_MATMUL_TILE_704x16: u32 = 613;
+        pub const CUBLASLT_MATMUL_TILE_704x24: u32 = 614;
+        pub const CUBLASLT_MATMUL_TILE_704x32: u32 = 615;
+        pub const CUBLASLT_MATMUL_TILE_704x40: u32 = 616;
+        pub const CUBLASLT_MATMUL_TILE_704x48: u32 = 617;
+        pub const CUBLASLT_MATMUL_TILE_704x56: u32 = 618;
+        pub const CUBLASLT_MATMUL_TILE_704x72: u32 = 619;
+        pub const CUBLASLT_MATMUL_TILE_704x80: u32 = 620;
+        pub const CUBLASLT_MATMUL_TILE_704x88: u32 = 621;
+        pub const CUBLASLT_MATMUL_TILE_768x8: u32 = 622;
+        pub const CUBLASLT_MATMUL_TILE_768x16: u32 = 623;
+        pub const CUBLASLT_MATMUL_TILE_768x24: u32 = 624;
+        pub const CUBLASLT_MATMUL_TILE_768x32: u32 = 625;
+        pub const CUBLASLT_MATMUL_TILE_768x40: u32 = 626;
+        pub const CUBLASLT_MATMUL_TILE_768x48: u32 = 627;
+        pub const CUBLASLT_MATMUL_TILE_768x56: u32 = 628;
+        pub const CUBLASLT_MATMUL_TILE_768x72: u32 = 629;
+        pub const CUBLASLT_MATMUL_TILE_768x80: u32 = 630;
+        pub const CUBLASLT_MATMUL_TILE_256x512: u32 = 631;
+        pub const CUBLASLT_MATMUL_TILE_256x1024: u32 = 632;
+        pub const CUBLASLT_MATMUL_TILE_512x512: u32 = 633;
+        pub const CUBLASLT_MATMUL_TILE_512x1024: u32 = 634;
+        pub const CUBLASLT_MATMUL_TILE_END: u32 = 635;
     }
     pub mod cudaDeviceAttr {
         pub const cudaDevAttrMaxThreadsPerBlock: u32 = 1;
@@ -9283,12 +11483,96 @@ pub mod v12_8 {
         pub const cudaDevAttrHostNumaMultinodeIpcSupported: u32 = 143;
         pub const cudaDevAttrMax: u32 = 144;
     }
+    pub mod cudaFuncAttribute {
+        pub const cudaFuncAttributeMaxDynamicSharedMemorySize: u32 = 8;
+        pub const cudaFuncAttributePreferredSharedMemoryCarveout: u32 = 9;
+        pub const cudaFuncAttributeClusterDimMustBeSet: u32 = 10;
+        pub const cudaFuncAttributeRequiredClusterWidth: u32 = 11;
+        pub const cudaFuncAttributeRequiredClusterHeight: u32 = 12;
+        pub const cudaFuncAttributeRequiredClusterDepth: u32 = 13;
+        pub const cudaFuncAttributeNonPortableClusterSizeAllowed: u32 = 14;
+        pub const cudaFuncAttributeClusterSchedulingPolicyPreference: u32 = 15;
+        pub const cudaFuncAttributeMax: u32 = 16;
+    }
+    pub mod cudaGraphNodeType {
+        pub const cudaGraphNodeTypeKernel: u32 = 0;
+        pub const cudaGraphNodeTypeMemcpy: u32 = 1;
+        pub const cudaGraphNodeTypeMemset: u32 = 2;
+        pub const cudaGraphNodeTypeHost: u32 = 3;
+        pub const cudaGraphNodeTypeGraph: u32 = 4;
+        pub const cudaGraphNodeTypeEmpty: u32 = 5;
+        pub const cudaGraphNodeTypeWaitEvent: u32 = 6;
+        pub const cudaGraphNodeTypeEventRecord: u32 = 7;
+        pub const cudaGraphNodeTypeExtSemaphoreSignal: u32 = 8;
+        pub const cudaGraphNodeTypeExtSemaphoreWait: u32 = 9;
+        pub const cudaGraphNodeTypeMemAlloc: u32 = 10;
+        pub const cudaGraphNodeTypeMemFree: u32 = 11;
+        pub const cudaGraphNodeTypeConditional: u32 = 13;
+        pub const cudaGraphNodeTypeCount: u32 = 14;
+    }
     pub mod cudnnBackendBehaviorNote_t {
         pub const CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION: u32 = 0;
         pub const CUDNN_BEHAVIOR_NOTE_REQUIRES_FILTER_INT8x32_REORDER: u32 = 1;
         pub const CUDNN_BEHAVIOR_NOTE_REQUIRES_BIAS_INT8x32_REORDER: u32 = 2;
         pub const CUDNN_BEHAVIOR_NOTE_SUPPORTS_CUDA_GRAPH_NATIVE_API: u32 = 3;
         pub const CUDNN_BEHAVIOR_NOTE_TYPE_COUNT: u32 = 4;
+    }
+    pub mod cudnnBackendKnobType_t {
+        pub const CUDNN_KNOB_TYPE_SPLIT_K: u32 = 0;
+        pub const CUDNN_KNOB_TYPE_SWIZZLE: u32 = 1;
+        pub const CUDNN_KNOB_TYPE_TILE_SIZE: u32 = 2;
+        pub const CUDNN_KNOB_TYPE_USE_TEX: u32 = 3;
+        pub const CUDNN_KNOB_TYPE_EDGE: u32 = 4;
+        pub const CUDNN_KNOB_TYPE_KBLOCK: u32 = 5;
+        pub const CUDNN_KNOB_TYPE_LDGA: u32 = 6;
+        pub const CUDNN_KNOB_TYPE_LDGB: u32 = 7;
+        pub const CUDNN_KNOB_TYPE_CHUNK_K: u32 = 8;
+        pub const CUDNN_KNOB_TYPE_SPLIT_H: u32 = 9;
+        pub const CUDNN_KNOB_TYPE_WINO_TILE: u32 = 10;
+        pub const CUDNN_KNOB_TYPE_MULTIPLY: u32 = 11;
+        pub const CUDNN_KNOB_TYPE_SPLIT_K_BUF: u32 = 12;
+        pub const CUDNN_KNOB_TYPE_TILEK: u32 = 13;
+        pub const CUDNN_KNOB_TYPE_STAGES: u32 = 14;
+        pub const CUDNN_KNOB_TYPE_REDUCTION_MODE: u32 = 15;
+        pub const CUDNN_KNOB_TYPE_CTA_SPLIT_K_MODE: u32 = 16;
+        pub const CUDNN_KNOB_TYPE_SPLIT_K_SLC: u32 = 17;
+        pub const CUDNN_KNOB_TYPE_IDX_MODE: u32 = 18;
+        pub const CUDNN_KNOB_TYPE_SLICED: u32 = 19;
+        pub const CUDNN_KNOB_TYPE_SPLIT_RS: u32 = 20;
+        pub const CUDNN_KNOB_TYPE_SINGLEBUFFER: u32 = 21;
+        pub const CUDNN_KNOB_TYPE_LDGC: u32 = 22;
+        pub const CUDNN_KNOB_TYPE_SPECFILT: u32 = 23;
+        pub const CUDNN_KNOB_TYPE_KERNEL_CFG: u32 = 24;
+        pub const CUDNN_KNOB_TYPE_WORKSPACE: u32 = 25;
+        pub const CUDNN_KNOB_TYPE_TILE_CGA: u32 = 26;
+        pub const CUDNN_KNOB_TYPE_TILE_CGA_M: u32 = 27;
+        pub const CUDNN_KNOB_TYPE_TILE_CGA_N: u32 = 28;
+        pub const CUDNN_KNOB_TYPE_BLOCK_SIZE: u32 = 29;
+        pub const CUDNN_KNOB_TYPE_OCCUPANCY: u32 = 30;
+        pub const CUDNN_KNOB_TYPE_ARRAY_SIZE_PER_THREAD: u32 = 31;
+        pub const CUDNN_KNOB_TYPE_NUM_C_PER_BLOCK: u32 = 32;
+        pub const CUDNN_KNOB_TYPE_SPLIT_COLS: u32 = 33;
+        pub const CUDNN_KNOB_TYPE_TILE_ROWS: u32 = 34;
+        pub const CUDNN_KNOB_TYPE_TILE_COLS: u32 = 35;
+        pub const CUDNN_KNOB_TYPE_LOAD_SIZE: u32 = 36;
+        pub const CUDNN_KNOB_TYPE_CTA_COUNT: u32 = 37;
+        pub const CUDNN_KNOB_TYPE_STREAM_K: u32 = 38;
+        pub const CUDNN_KNOB_TYPE_SPLIT_P_SLC: u32 = 39;
+        pub const CUDNN_KNOB_TYPE_TILE_M: u32 = 40;
+        pub const CUDNN_KNOB_TYPE_TILE_N: u32 = 41;
+        pub const CUDNN_KNOB_TYPE_WARP_SPEC_CFG: u32 = 42;
+        pub const CUDNN_KNOB_TYPE_COUNTS: u32 = 43;
+    }
+    pub mod ncclResult_t {
+        pub const ncclSuccess: u32 = 0;
+        pub const ncclUnhandledCudaError: u32 = 1;
+        pub const ncclSystemError: u32 = 2;
+        pub const ncclInternalError: u32 = 3;
+        pub const ncclInvalidArgument: u32 = 4;
+        pub const ncclInvalidUsage: u32 = 5;
+        pub const ncclRemoteError: u32 = 6;
+        pub const ncclInProgress: u32 = 7;
+        pub const ncclNumResults: u32 = 8;
     }
     pub mod nvmlBrandType_enum {
         pub const NVML_BRAND_UNKNOWN: u32 = 0;
@@ -9397,8 +11681,40 @@ pub mod v12_8 {
         pub const NVML_GPM_METRIC_NVLINK_L17_TX_PER_SEC: u32 = 97;
         pub const NVML_GPM_METRIC_MAX: u32 = 98;
     }
+    pub mod nvmlPowerProfileType_t {
+        pub const NVML_POWER_PROFILE_MAX_P: u32 = 0;
+        pub const NVML_POWER_PROFILE_MAX_Q: u32 = 1;
+        pub const NVML_POWER_PROFILE_COMPUTE: u32 = 2;
+        pub const NVML_POWER_PROFILE_MEMORY_BOUND: u32 = 3;
+        pub const NVML_POWER_PROFILE_NETWORK: u32 = 4;
+        pub const NVML_POWER_PROFILE_BALANCED: u32 = 5;
+        pub const NVML_POWER_PROFILE_LLM_INFERENCE: u32 = 6;
+        pub const NVML_POWER_PROFILE_LLM_TRAINING: u32 = 7;
+        pub const NVML_POWER_PROFILE_RBM: u32 = 8;
+        pub const NVML_POWER_PROFILE_DCPCIE: u32 = 9;
+        pub const NVML_POWER_PROFILE_HMMA_SPARSE: u32 = 10;
+        pub const NVML_POWER_PROFILE_HMMA_DENSE: u32 = 11;
+        pub const NVML_POWER_PROFILE_SYNC_BALANCED: u32 = 12;
+        pub const NVML_POWER_PROFILE_HPC: u32 = 13;
+        pub const NVML_POWER_PROFILE_MIG: u32 = 14;
+        pub const NVML_POWER_PROFILE_MAX: u32 = 15;
+    }
+    pub mod nvmlTemperatureSensors_enum {
+        pub const NVML_TEMPERATURE_GPU: u32 = 0;
+        pub const NVML_TEMPERATURE_COUNT: u32 = 1;
+    }
 }
 pub mod v13_0 {
+    pub mod CUCoredumpGenerationFlags {
+        pub const CU_COREDUMP_DEFAULT_FLAGS: u32 = 0;
+        pub const CU_COREDUMP_SKIP_NONRELOCATED_ELF_IMAGES: u32 = 1;
+        pub const CU_COREDUMP_SKIP_GLOBAL_MEMORY: u32 = 2;
+        pub const CU_COREDUMP_SKIP_SHARED_MEMORY: u32 = 4;
+        pub const CU_COREDUMP_SKIP_LOCAL_MEMORY: u32 = 8;
+        pub const CU_COREDUMP_SKIP_ABORT: u32 = 16;
+        pub const CU_COREDUMP_SKIP_CONSTBANK_MEMORY: u32 = 32;
+        pub const CU_COREDUMP_LIGHTWEIGHT_FLAGS: u32 = 47;
+    }
     pub mod CUdevice_attribute_enum {
         pub const CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: u32 = 1;
         pub const CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X: u32 = 2;
@@ -9555,6 +11871,25 @@ pub mod v13_0 {
         pub const CU_DEVICE_ATTRIBUTE_ONLY_PARTIAL_HOST_NATIVE_ATOMIC_SUPPORTED: u32 = 147;
         pub const CU_DEVICE_ATTRIBUTE_MAX: u32 = 148;
     }
+    pub mod CUfunction_attribute_enum {
+        pub const CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: u32 = 0;
+        pub const CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES: u32 = 1;
+        pub const CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES: u32 = 2;
+        pub const CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES: u32 = 3;
+        pub const CU_FUNC_ATTRIBUTE_NUM_REGS: u32 = 4;
+        pub const CU_FUNC_ATTRIBUTE_PTX_VERSION: u32 = 5;
+        pub const CU_FUNC_ATTRIBUTE_BINARY_VERSION: u32 = 6;
+        pub const CU_FUNC_ATTRIBUTE_CACHE_MODE_CA: u32 = 7;
+        pub const CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: u32 = 8;
+        pub const CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT: u32 = 9;
+        pub const CU_FUNC_ATTRIBUTE_CLUSTER_SIZE_MUST_BE_SET: u32 = 10;
+        pub const CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH: u32 = 11;
+        pub const CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT: u32 = 12;
+        pub const CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH: u32 = 13;
+        pub const CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED: u32 = 14;
+        pub const CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE: u32 = 15;
+        pub const CU_FUNC_ATTRIBUTE_MAX: u32 = 16;
+    }
     pub mod CUjit_option_enum {
         pub const CU_JIT_MAX_REGISTERS: u32 = 0;
         pub const CU_JIT_THREADS_PER_BLOCK: u32 = 1;
@@ -9592,6 +11927,38 @@ pub mod v13_0 {
         pub const CU_JIT_OVERRIDE_DIRECTIVE_VALUES: u32 = 33;
         pub const CU_JIT_SPLIT_COMPILE: u32 = 34;
         pub const CU_JIT_NUM_OPTIONS: u32 = 35;
+    }
+    pub mod CUlaunchAttributeID_enum {
+        pub const CU_LAUNCH_ATTRIBUTE_IGNORE: u32 = 0;
+        pub const CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW: u32 = 1;
+        pub const CU_LAUNCH_ATTRIBUTE_COOPERATIVE: u32 = 2;
+        pub const CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY: u32 = 3;
+        pub const CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION: u32 = 4;
+        pub const CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE: u32 = 5;
+        pub const CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION: u32 = 6;
+        pub const CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT: u32 = 7;
+        pub const CU_LAUNCH_ATTRIBUTE_PRIORITY: u32 = 8;
+        pub const CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP: u32 = 9;
+        pub const CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN: u32 = 10;
+        pub const CU_LAUNCH_ATTRIBUTE_PREFERRED_CLUSTER_DIMENSION: u32 = 11;
+        pub const CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT: u32 = 12;
+        pub const CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE: u32 = 13;
+        pub const CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT: u32 = 14;
+        pub const CU_LAUNCH_ATTRIBUTE_NVLINK_UTIL_CENTRIC_SCHEDULING: u32 = 16;
+        pub const CU_LAUNCH_ATTRIBUTE_MAX: u32 = 17;
+    }
+    pub mod CUlimit_enum {
+        pub const CU_LIMIT_STACK_SIZE: u32 = 0;
+        pub const CU_LIMIT_PRINTF_FIFO_SIZE: u32 = 1;
+        pub const CU_LIMIT_MALLOC_HEAP_SIZE: u32 = 2;
+        pub const CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH: u32 = 3;
+        pub const CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT: u32 = 4;
+        pub const CU_LIMIT_MAX_L2_FETCH_GRANULARITY: u32 = 5;
+        pub const CU_LIMIT_PERSISTING_L2_CACHE_SIZE: u32 = 6;
+        pub const CU_LIMIT_SHMEM_SIZE: u32 = 7;
+        pub const CU_LIMIT_CIG_ENABLED: u32 = 8;
+        pub const CU_LIMIT_CIG_SHMEM_FALLBACK_ENABLED: u32 = 9;
+        pub const CU_LIMIT_MAX: u32 = 10;
     }
     pub mod CUpti_ActivityKind {
         pub const CUPTI_ACTIVITY_KIND_INVALID: u32 = 0;
@@ -9653,11 +12020,2591 @@ pub mod v13_0 {
         pub const CUPTI_ACTIVITY_KIND_COUNT: u32 = 56;
         pub const CUPTI_ACTIVITY_KIND_FORCE_INT: u32 = 2147483647;
     }
+    pub mod CUpti_CallbackIdResource {
+        pub const CUPTI_CBID_RESOURCE_INVALID: u32 = 0;
+        pub const CUPTI_CBID_RESOURCE_CONTEXT_CREATED: u32 = 1;
+        pub const CUPTI_CBID_RESOURCE_CONTEXT_DESTROY_STARTING: u32 = 2;
+        pub const CUPTI_CBID_RESOURCE_STREAM_CREATED: u32 = 3;
+        pub const CUPTI_CBID_RESOURCE_STREAM_DESTROY_STARTING: u32 = 4;
+        pub const CUPTI_CBID_RESOURCE_CU_INIT_FINISHED: u32 = 5;
+        pub const CUPTI_CBID_RESOURCE_MODULE_LOADED: u32 = 6;
+        pub const CUPTI_CBID_RESOURCE_MODULE_UNLOAD_STARTING: u32 = 7;
+        pub const CUPTI_CBID_RESOURCE_MODULE_PROFILED: u32 = 8;
+        pub const CUPTI_CBID_RESOURCE_GRAPH_CREATED: u32 = 9;
+        pub const CUPTI_CBID_RESOURCE_GRAPH_DESTROY_STARTING: u32 = 10;
+        pub const CUPTI_CBID_RESOURCE_GRAPH_CLONED: u32 = 11;
+        pub const CUPTI_CBID_RESOURCE_GRAPHNODE_CREATE_STARTING: u32 = 12;
+        pub const CUPTI_CBID_RESOURCE_GRAPHNODE_CREATED: u32 = 13;
+        pub const CUPTI_CBID_RESOURCE_GRAPHNODE_DESTROY_STARTING: u32 = 14;
+        pub const CUPTI_CBID_RESOURCE_GRAPHNODE_DEPENDENCY_CREATED: u32 = 15;
+        pub const CUPTI_CBID_RESOURCE_GRAPHNODE_DEPENDENCY_DESTROY_STARTING: u32 = 16;
+        pub const CUPTI_CBID_RESOURCE_GRAPHEXEC_CREATE_STARTING: u32 = 17;
+        pub const CUPTI_CBID_RESOURCE_GRAPHEXEC_CREATED: u32 = 18;
+        pub const CUPTI_CBID_RESOURCE_GRAPHEXEC_DESTROY_STARTING: u32 = 19;
+        pub const CUPTI_CBID_RESOURCE_GRAPHNODE_CLONED: u32 = 20;
+        pub const CUPTI_CBID_RESOURCE_STREAM_ATTRIBUTE_CHANGED: u32 = 21;
+        pub const CUPTI_CBID_RESOURCE_GRAPH_NODE_UPDATED: u32 = 22;
+        pub const CUPTI_CBID_RESOURCE_GRAPH_NODE_SET_PARAMS: u32 = 23;
+        pub const CUPTI_CBID_RESOURCE_SIZE: u32 = 24;
+        pub const CUPTI_CBID_RESOURCE_FORCE_INT: u32 = 2147483647;
+    }
+    pub mod cublasLtMatmulMatrixScale_t {
+        pub const CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F: u32 = 0;
+        pub const CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3: u32 = 1;
+        pub const CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0: u32 = 2;
+        pub const CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F: u32 = 3;
+        pub const CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F: u32 = 4;
+        pub const CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F: u32 = 5;
+        pub const CUBLASLT_MATMUL_MATRIX_SCALE_END: u32 = 6;
+    }
+    pub mod cublasLtMatmulTile_t {
+        pub const CUBLASLT_MATMUL_TILE_UNDEFINED: u32 = 0;
+        pub const CUBLASLT_MATMUL_TILE_8x8: u32 = 1;
+        pub const CUBLASLT_MATMUL_TILE_8x16: u32 = 2;
+        pub const CUBLASLT_MATMUL_TILE_16x8: u32 = 3;
+        pub const CUBLASLT_MATMUL_TILE_8x32: u32 = 4;
+        pub const CUBLASLT_MATMUL_TILE_16x16: u32 = 5;
+        pub const CUBLASLT_MATMUL_TILE_32x8: u32 = 6;
+        pub const CUBLASLT_MATMUL_TILE_8x64: u32 = 7;
+        pub const CUBLASLT_MATMUL_TILE_16x32: u32 = 8;
+        pub const CUBLASLT_MATMUL_TILE_32x16: u32 = 9;
+        pub const CUBLASLT_MATMUL_TILE_64x8: u32 = 10;
+        pub const CUBLASLT_MATMUL_TILE_32x32: u32 = 11;
+        pub const CUBLASLT_MATMUL_TILE_32x64: u32 = 12;
+        pub const CUBLASLT_MATMUL_TILE_64x32: u32 = 13;
+        pub const CUBLASLT_MATMUL_TILE_32x128: u32 = 14;
+        pub const CUBLASLT_MATMUL_TILE_64x64: u32 = 15;
+        pub const CUBLASLT_MATMUL_TILE_128x32: u32 = 16;
+        pub const CUBLASLT_MATMUL_TILE_64x128: u32 = 17;
+        pub const CUBLASLT_MATMUL_TILE_128x64: u32 = 18;
+        pub const CUBLASLT_MATMUL_TILE_64x256: u32 = 19;
+        pub const CUBLASLT_MATMUL_TILE_128x128: u32 = 20;
+        pub const CUBLASLT_MATMUL_TILE_256x64: u32 = 21;
+        pub const CUBLASLT_MATMUL_TILE_64x512: u32 = 22;
+        pub const CUBLASLT_MATMUL_TILE_128x256: u32 = 23;
+        pub const CUBLASLT_MATMUL_TILE_256x128: u32 = 24;
+        pub const CUBLASLT_MATMUL_TILE_512x64: u32 = 25;
+        pub const CUBLASLT_MATMUL_TILE_64x96: u32 = 26;
+        pub const CUBLASLT_MATMUL_TILE_96x64: u32 = 27;
+        pub const CUBLASLT_MATMUL_TILE_96x128: u32 = 28;
+        pub const CUBLASLT_MATMUL_TILE_128x160: u32 = 29;
+        pub const CUBLASLT_MATMUL_TILE_160x128: u32 = 30;
+        pub const CUBLASLT_MATMUL_TILE_192x128: u32 = 31;
+        pub const CUBLASLT_MATMUL_TILE_128x192: u32 = 32;
+        pub const CUBLASLT_MATMUL_TILE_128x96: u32 = 33;
+        pub const CUBLASLT_MATMUL_TILE_32x256: u32 = 34;
+        pub const CUBLASLT_MATMUL_TILE_256x32: u32 = 35;
+        pub const CUBLASLT_MATMUL_TILE_8x128: u32 = 36;
+        pub const CUBLASLT_MATMUL_TILE_8x192: u32 = 37;
+        pub const CUBLASLT_MATMUL_TILE_8x256: u32 = 38;
+        pub const CUBLASLT_MATMUL_TILE_8x320: u32 = 39;
+        pub const CUBLASLT_MATMUL_TILE_8x384: u32 = 40;
+        pub const CUBLASLT_MATMUL_TILE_8x448: u32 = 41;
+        pub const CUBLASLT_MATMUL_TILE_8x512: u32 = 42;
+        pub const CUBLASLT_MATMUL_TILE_8x576: u32 = 43;
+        pub const CUBLASLT_MATMUL_TILE_8x640: u32 = 44;
+        pub const CUBLASLT_MATMUL_TILE_8x704: u32 = 45;
+        pub const CUBLASLT_MATMUL_TILE_8x768: u32 = 46;
+        pub const CUBLASLT_MATMUL_TILE_16x64: u32 = 47;
+        pub const CUBLASLT_MATMUL_TILE_16x128: u32 = 48;
+        pub const CUBLASLT_MATMUL_TILE_16x192: u32 = 49;
+        pub const CUBLASLT_MATMUL_TILE_16x256: u32 = 50;
+        pub const CUBLASLT_MATMUL_TILE_16x320: u32 = 51;
+        pub const CUBLASLT_MATMUL_TILE_16x384: u32 = 52;
+        pub const CUBLASLT_MATMUL_TILE_16x448: u32 = 53;
+        pub const CUBLASLT_MATMUL_TILE_16x512: u32 = 54;
+        pub const CUBLASLT_MATMUL_TILE_16x576: u32 = 55;
+        pub const CUBLASLT_MATMUL_TILE_16x640: u32 = 56;
+        pub const CUBLASLT_MATMUL_TILE_16x704: u32 = 57;
+        pub const CUBLASLT_MATMUL_TILE_16x768: u32 = 58;
+        pub const CUBLASLT_MATMUL_TILE_24x64: u32 = 59;
+        pub const CUBLASLT_MATMUL_TILE_24x128: u32 = 60;
+        pub const CUBLASLT_MATMUL_TILE_24x192: u32 = 61;
+        pub const CUBLASLT_MATMUL_TILE_24x256: u32 = 62;
+        pub const CUBLASLT_MATMUL_TILE_24x320: u32 = 63;
+        pub const CUBLASLT_MATMUL_TILE_24x384: u32 = 64;
+        pub const CUBLASLT_MATMUL_TILE_24x448: u32 = 65;
+        pub const CUBLASLT_MATMUL_TILE_24x512: u32 = 66;
+        pub const CUBLASLT_MATMUL_TILE_24x576: u32 = 67;
+        pub const CUBLASLT_MATMUL_TILE_24x640: u32 = 68;
+        pub const CUBLASLT_MATMUL_TILE_24x704: u32 = 69;
+        pub const CUBLASLT_MATMUL_TILE_24x768: u32 = 70;
+        pub const CUBLASLT_MATMUL_TILE_32x192: u32 = 71;
+        pub const CUBLASLT_MATMUL_TILE_32x320: u32 = 72;
+        pub const CUBLASLT_MATMUL_TILE_32x384: u32 = 73;
+        pub const CUBLASLT_MATMUL_TILE_32x448: u32 = 74;
+        pub const CUBLASLT_MATMUL_TILE_32x512: u32 = 75;
+        pub const CUBLASLT_MATMUL_TILE_32x576: u32 = 76;
+        pub const CUBLASLT_MATMUL_TILE_32x640: u32 = 77;
+        pub const CUBLASLT_MATMUL_TILE_32x704: u32 = 78;
+        pub const CUBLASLT_MATMUL_TILE_32x768: u32 = 79;
+        pub const CUBLASLT_MATMUL_TILE_40x64: u32 = 80;
+        pub const CUBLASLT_MATMUL_TILE_40x128: u32 = 81;
+        pub const CUBLASLT_MATMUL_TILE_40x192: u32 = 82;
+        pub const CUBLASLT_MATMUL_TILE_40x256: u32 = 83;
+        pub const CUBLASLT_MATMUL_TILE_40x320: u32 = 84;
+        pub const CUBLASLT_MATMUL_TILE_40x384: u32 = 85;
+        pub const CUBLASLT_MATMUL_TILE_40x448: u32 = 86;
+        pub const CUBLASLT_MATMUL_TILE_40x512: u32 = 87;
+        pub const CUBLASLT_MATMUL_TILE_40x576: u32 = 88;
+        pub const CUBLASLT_MATMUL_TILE_40x640: u32 = 89;
+        pub const CUBLASLT_MATMUL_TILE_40x704: u32 = 90;
+        pub const CUBLASLT_MATMUL_TILE_40x768: u32 = 91;
+        pub const CUBLASLT_MATMUL_TILE_48x64: u32 = 92;
+        pub const CUBLASLT_MATMUL_TILE_48x128: u32 = 93;
+        pub const CUBLASLT_MATMUL_TILE_48x192: u32 = 94;
+        pub const CUBLASLT_MATMUL_TILE_48x256: u32 = 95;
+        pub const CUBLASLT_MATMUL_TILE_48x320: u32 = 96;
+        pub const CUBLASLT_MATMUL_TILE_48x384: u32 = 97;
+        pub const CUBLASLT_MATMUL_TILE_48x448: u32 = 98;
+        pub const CUBLASLT_MATMUL_TILE_48x512: u32 = 99;
+        pub const CUBLASLT_MATMUL_TILE_48x576: u32 = 100;
+        pub const CUBLASLT_MATMUL_TILE_48x640: u32 = 101;
+        pub const CUBLASLT_MATMUL_TILE_48x704: u32 = 102;
+        pub const CUBLASLT_MATMUL_TILE_48x768: u32 = 103;
+        pub const CUBLASLT_MATMUL_TILE_56x64: u32 = 104;
+        pub const CUBLASLT_MATMUL_TILE_56x128: u32 = 105;
+        pub const CUBLASLT_MATMUL_TILE_56x192: u32 = 106;
+        pub const CUBLASLT_MATMUL_TILE_56x256: u32 = 107;
+        pub const CUBLASLT_MATMUL_TILE_56x320: u32 = 108;
+        pub const CUBLASLT_MATMUL_TILE_56x384: u32 = 109;
+        pub const CUBLASLT_MATMUL_TILE_56x448: u32 = 110;
+        pub const CUBLASLT_MATMUL_TILE_56x512: u32 = 111;
+        pub const CUBLASLT_MATMUL_TILE_56x576: u32 = 112;
+        pub const CUBLASLT_MATMUL_TILE_56x640: u32 = 113;
+        pub const CUBLASLT_MATMUL_TILE_56x704: u32 = 114;
+        pub const CUBLASLT_MATMUL_TILE_56x768: u32 = 115;
+        pub const CUBLASLT_MATMUL_TILE_64x192: u32 = 116;
+        pub const CUBLASLT_MATMUL_TILE_64x320: u32 = 117;
+        pub const CUBLASLT_MATMUL_TILE_64x384: u32 = 118;
+        pub const CUBLASLT_MATMUL_TILE_64x448: u32 = 119;
+        pub const CUBLASLT_MATMUL_TILE_64x576: u32 = 120;
+        pub const CUBLASLT_MATMUL_TILE_64x640: u32 = 121;
+        pub const CUBLASLT_MATMUL_TILE_64x704: u32 = 122;
+        pub const CUBLASLT_MATMUL_TILE_64x768: u32 = 123;
+        pub const CUBLASLT_MATMUL_TILE_72x64: u32 = 124;
+        pub const CUBLASLT_MATMUL_TILE_72x128: u32 = 125;
+        pub const CUBLASLT_MATMUL_TILE_72x192: u32 = 126;
+        pub const CUBLASLT_MATMUL_TILE_72x256: u32 = 127;
+        pub const CUBLASLT_MATMUL_TILE_72x320: u32 = 128;
+        pub const CUBLASLT_MATMUL_TILE_72x384: u32 = 129;
+        pub const CUBLASLT_MATMUL_TILE_72x448: u32 = 130;
+        pub const CUBLASLT_MATMUL_TILE_72x512: u32 = 131;
+        pub const CUBLASLT_MATMUL_TILE_72x576: u32 = 132;
+        pub const CUBLASLT_MATMUL_TILE_72x640: u32 = 133;
+        pub const CUBLASLT_MATMUL_TILE_80x64: u32 = 134;
+        pub const CUBLASLT_MATMUL_TILE_80x128: u32 = 135;
+        pub const CUBLASLT_MATMUL_TILE_80x192: u32 = 136;
+        pub const CUBLASLT_MATMUL_TILE_80x256: u32 = 137;
+        pub const CUBLASLT_MATMUL_TILE_80x320: u32 = 138;
+        pub const CUBLASLT_MATMUL_TILE_80x384: u32 = 139;
+        pub const CUBLASLT_MATMUL_TILE_80x448: u32 = 140;
+        pub const CUBLASLT_MATMUL_TILE_80x512: u32 = 141;
+        pub const CUBLASLT_MATMUL_TILE_80x576: u32 = 142;
+        pub const CUBLASLT_MATMUL_TILE_88x64: u32 = 143;
+        pub const CUBLASLT_MATMUL_TILE_88x128: u32 = 144;
+        pub const CUBLASLT_MATMUL_TILE_88x192: u32 = 145;
+        pub const CUBLASLT_MATMUL_TILE_88x256: u32 = 146;
+        pub const CUBLASLT_MATMUL_TILE_88x320: u32 = 147;
+        pub const CUBLASLT_MATMUL_TILE_88x384: u32 = 148;
+        pub const CUBLASLT_MATMUL_TILE_88x448: u32 = 149;
+        pub const CUBLASLT_MATMUL_TILE_88x512: u32 = 150;
+        pub const CUBLASLT_MATMUL_TILE_96x192: u32 = 151;
+        pub const CUBLASLT_MATMUL_TILE_96x256: u32 = 152;
+        pub const CUBLASLT_MATMUL_TILE_96x320: u32 = 153;
+        pub const CUBLASLT_MATMUL_TILE_96x384: u32 = 154;
+        pub const CUBLASLT_MATMUL_TILE_96x448: u32 = 155;
+        pub const CUBLASLT_MATMUL_TILE_96x512: u32 = 156;
+        pub const CUBLASLT_MATMUL_TILE_104x64: u32 = 157;
+        pub const CUBLASLT_MATMUL_TILE_104x128: u32 = 158;
+        pub const CUBLASLT_MATMUL_TILE_104x192: u32 = 159;
+        pub const CUBLASLT_MATMUL_TILE_104x256: u32 = 160;
+        pub const CUBLASLT_MATMUL_TILE_104x320: u32 = 161;
+        pub const CUBLASLT_MATMUL_TILE_104x384: u32 = 162;
+        pub const CUBLASLT_MATMUL_TILE_104x448: u32 = 163;
+        pub const CUBLASLT_MATMUL_TILE_112x64: u32 = 164;
+        pub const CUBLASLT_MATMUL_TILE_112x128: u32 = 165;
+        pub const CUBLASLT_MATMUL_TILE_112x192: u32 = 166;
+        pub const CUBLASLT_MATMUL_TILE_112x256: u32 = 167;
+        pub const CUBLASLT_MATMUL_TILE_112x320: u32 = 168;
+        pub const CUBLASLT_MATMUL_TILE_112x384: u32 = 169;
+        pub const CUBLASLT_MATMUL_TILE_120x64: u32 = 170;
+        pub const CUBLASLT_MATMUL_TILE_120x128: u32 = 171;
+        pub const CUBLASLT_MATMUL_TILE_120x192: u32 = 172;
+        pub const CUBLASLT_MATMUL_TILE_120x256: u32 = 173;
+        pub const CUBLASLT_MATMUL_TILE_120x320: u32 = 174;
+        pub const CUBLASLT_MATMUL_TILE_120x384: u32 = 175;
+        pub const CUBLASLT_MATMUL_TILE_128x320: u32 = 176;
+        pub const CUBLASLT_MATMUL_TILE_128x384: u32 = 177;
+        pub const CUBLASLT_MATMUL_TILE_136x64: u32 = 178;
+        pub const CUBLASLT_MATMUL_TILE_136x128: u32 = 179;
+        pub const CUBLASLT_MATMUL_TILE_136x192: u32 = 180;
+        pub const CUBLASLT_MATMUL_TILE_136x256: u32 = 181;
+        pub const CUBLASLT_MATMUL_TILE_136x320: u32 = 182;
+        pub const CUBLASLT_MATMUL_TILE_144x64: u32 = 183;
+        pub const CUBLASLT_MATMUL_TILE_144x128: u32 = 184;
+        pub const CUBLASLT_MATMUL_TILE_144x192: u32 = 185;
+        pub const CUBLASLT_MATMUL_TILE_144x256: u32 = 186;
+        pub const CUBLASLT_MATMUL_TILE_144x320: u32 = 187;
+        pub const CUBLASLT_MATMUL_TILE_152x64: u32 = 188;
+        pub const CUBLASLT_MATMUL_TILE_152x128: u32 = 189;
+        pub const CUBLASLT_MATMUL_TILE_152x192: u32 = 190;
+        pub const CUBLASLT_MATMUL_TILE_152x256: u32 = 191;
+        pub const CUBLASLT_MATMUL_TILE_152x320: u32 = 192;
+        pub const CUBLASLT_MATMUL_TILE_160x64: u32 = 193;
+        pub const CUBLASLT_MATMUL_TILE_160x192: u32 = 194;
+        pub const CUBLASLT_MATMUL_TILE_160x256: u32 = 195;
+        pub const CUBLASLT_MATMUL_TILE_168x64: u32 = 196;
+        pub const CUBLASLT_MATMUL_TILE_168x128: u32 = 197;
+        pub const CUBLASLT_MATMUL_TILE_168x192: u32 = 198;
+        pub const CUBLASLT_MATMUL_TILE_168x256: u32 = 199;
+        pub const CUBLASLT_MATMUL_TILE_176x64: u32 = 200;
+        pub const CUBLASLT_MATMUL_TILE_176x128: u32 = 201;
+        pub const CUBLASLT_MATMUL_TILE_176x192: u32 = 202;
+        pub const CUBLASLT_MATMUL_TILE_176x256: u32 = 203;
+        pub const CUBLASLT_MATMUL_TILE_184x64: u32 = 204;
+        pub const CUBLASLT_MATMUL_TILE_184x128: u32 = 205;
+        pub const CUBLASLT_MATMUL_TILE_184x192: u32 = 206;
+        pub const CUBLASLT_MATMUL_TILE_184x256: u32 = 207;
+        pub const CUBLASLT_MATMUL_TILE_192x64: u32 = 208;
+        pub const CUBLASLT_MATMUL_TILE_192x192: u32 = 209;
+        pub const CUBLASLT_MATMUL_TILE_192x256: u32 = 210;
+        pub const CUBLASLT_MATMUL_TILE_200x64: u32 = 211;
+        pub const CUBLASLT_MATMUL_TILE_200x128: u32 = 212;
+        pub const CUBLASLT_MATMUL_TILE_200x192: u32 = 213;
+        pub const CUBLASLT_MATMUL_TILE_208x64: u32 = 214;
+        pub const CUBLASLT_MATMUL_TILE_208x128: u32 = 215;
+        pub const CUBLASLT_MATMUL_TILE_208x192: u32 = 216;
+        pub const CUBLASLT_MATMUL_TILE_216x64: u32 = 217;
+        pub const CUBLASLT_MATMUL_TILE_216x128: u32 = 218;
+        pub const CUBLASLT_MATMUL_TILE_216x192: u32 = 219;
+        pub const CUBLASLT_MATMUL_TILE_224x64: u32 = 220;
+        pub const CUBLASLT_MATMUL_TILE_224x128: u32 = 221;
+        pub const CUBLASLT_MATMUL_TILE_224x192: u32 = 222;
+        pub const CUBLASLT_MATMUL_TILE_232x64: u32 = 223;
+        pub const CUBLASLT_MATMUL_TILE_232x128: u32 = 224;
+        pub const CUBLASLT_MATMUL_TILE_232x192: u32 = 225;
+        pub const CUBLASLT_MATMUL_TILE_240x64: u32 = 226;
+        pub const CUBLASLT_MATMUL_TILE_240x128: u32 = 227;
+        pub const CUBLASLT_MATMUL_TILE_240x192: u32 = 228;
+        pub const CUBLASLT_MATMUL_TILE_248x64: u32 = 229;
+        pub const CUBLASLT_MATMUL_TILE_248x128: u32 = 230;
+        pub const CUBLASLT_MATMUL_TILE_248x192: u32 = 231;
+        pub const CUBLASLT_MATMUL_TILE_256x192: u32 = 232;
+        pub const CUBLASLT_MATMUL_TILE_264x64: u32 = 233;
+        pub const CUBLASLT_MATMUL_TILE_264x128: u32 = 234;
+        pub const CUBLASLT_MATMUL_TILE_272x64: u32 = 235;
+        pub const CUBLASLT_MATMUL_TILE_272x128: u32 = 236;
+        pub const CUBLASLT_MATMUL_TILE_280x64: u32 = 237;
+        pub const CUBLASLT_MATMUL_TILE_280x128: u32 = 238;
+        pub const CUBLASLT_MATMUL_TILE_288x64: u32 = 239;
+        pub const CUBLASLT_MATMUL_TILE_288x128: u32 = 240;
+        pub const CUBLASLT_MATMUL_TILE_296x64: u32 = 241;
+        pub const CUBLASLT_MATMUL_TILE_296x128: u32 = 242;
+        pub const CUBLASLT_MATMUL_TILE_304x64: u32 = 243;
+        pub const CUBLASLT_MATMUL_TILE_304x128: u32 = 244;
+        pub const CUBLASLT_MATMUL_TILE_312x64: u32 = 245;
+        pub const CUBLASLT_MATMUL_TILE_312x128: u32 = 246;
+        pub const CUBLASLT_MATMUL_TILE_320x64: u32 = 247;
+        pub const CUBLASLT_MATMUL_TILE_320x128: u32 = 248;
+        pub const CUBLASLT_MATMUL_TILE_328x64: u32 = 249;
+        pub const CUBLASLT_MATMUL_TILE_328x128: u32 = 250;
+        pub const CUBLASLT_MATMUL_TILE_336x64: u32 = 251;
+        pub const CUBLASLT_MATMUL_TILE_336x128: u32 = 252;
+        pub const CUBLASLT_MATMUL_TILE_344x64: u32 = 253;
+        pub const CUBLASLT_MATMUL_TILE_344x128: u32 = 254;
+        pub const CUBLASLT_MATMUL_TILE_352x64: u32 = 255;
+        pub const CUBLASLT_MATMUL_TILE_352x128: u32 = 256;
+        pub const CUBLASLT_MATMUL_TILE_360x64: u32 = 257;
+        pub const CUBLASLT_MATMUL_TILE_360x128: u32 = 258;
+        pub const CUBLASLT_MATMUL_TILE_368x64: u32 = 259;
+        pub const CUBLASLT_MATMUL_TILE_368x128: u32 = 260;
+        pub const CUBLASLT_MATMUL_TILE_376x64: u32 = 261;
+        pub const CUBLASLT_MATMUL_TILE_376x128: u32 = 262;
+        pub const CUBLASLT_MATMUL_TILE_384x64: u32 = 263;
+        pub const CUBLASLT_MATMUL_TILE_384x128: u32 = 264;
+        pub const CUBLASLT_MATMUL_TILE_392x64: u32 = 265;
+        pub const CUBLASLT_MATMUL_TILE_400x64: u32 = 266;
+        pub const CUBLASLT_MATMUL_TILE_408x64: u32 = 267;
+        pub const CUBLASLT_MATMUL_TILE_416x64: u32 = 268;
+        pub const CUBLASLT_MATMUL_TILE_424x64: u32 = 269;
+        pub const CUBLASLT_MATMUL_TILE_432x64: u32 = 270;
+        pub const CUBLASLT_MATMUL_TILE_440x64: u32 = 271;
+        pub const CUBLASLT_MATMUL_TILE_448x64: u32 = 272;
+        pub const CUBLASLT_MATMUL_TILE_456x64: u32 = 273;
+        pub const CUBLASLT_MATMUL_TILE_464x64: u32 = 274;
+        pub const CUBLASLT_MATMUL_TILE_472x64: u32 = 275;
+        pub const CUBLASLT_MATMUL_TILE_480x64: u32 = 276;
+        pub const CUBLASLT_MATMUL_TILE_488x64: u32 = 277;
+        pub const CUBLASLT_MATMUL_TILE_496x64: u32 = 278;
+        pub const CUBLASLT_MATMUL_TILE_504x64: u32 = 279;
+        pub const CUBLASLT_MATMUL_TILE_520x64: u32 = 280;
+        pub const CUBLASLT_MATMUL_TILE_528x64: u32 = 281;
+        pub const CUBLASLT_MATMUL_TILE_536x64: u32 = 282;
+        pub const CUBLASLT_MATMUL_TILE_544x64: u32 = 283;
+        pub const CUBLASLT_MATMUL_TILE_552x64: u32 = 284;
+        pub const CUBLASLT_MATMUL_TILE_560x64: u32 = 285;
+        pub const CUBLASLT_MATMUL_TILE_568x64: u32 = 286;
+        pub const CUBLASLT_MATMUL_TILE_576x64: u32 = 287;
+        pub const CUBLASLT_MATMUL_TILE_584x64: u32 = 288;
+        pub const CUBLASLT_MATMUL_TILE_592x64: u32 = 289;
+        pub const CUBLASLT_MATMUL_TILE_600x64: u32 = 290;
+        pub const CUBLASLT_MATMUL_TILE_608x64: u32 = 291;
+        pub const CUBLASLT_MATMUL_TILE_616x64: u32 = 292;
+        pub const CUBLASLT_MATMUL_TILE_624x64: u32 = 293;
+        pub const CUBLASLT_MATMUL_TILE_632x64: u32 = 294;
+        pub const CUBLASLT_MATMUL_TILE_640x64: u32 = 295;
+        pub const CUBLASLT_MATMUL_TILE_648x64: u32 = 296;
+        pub const CUBLASLT_MATMUL_TILE_656x64: u32 = 297;
+        pub const CUBLASLT_MATMUL_TILE_664x64: u32 = 298;
+        pub const CUBLASLT_MATMUL_TILE_672x64: u32 = 299;
+        pub const CUBLASLT_MATMUL_TILE_680x64: u32 = 300;
+        pub const CUBLASLT_MATMUL_TILE_688x64: u32 = 301;
+        pub const CUBLASLT_MATMUL_TILE_696x64: u32 = 302;
+        pub const CUBLASLT_MATMUL_TILE_704x64: u32 = 303;
+        pub const CUBLASLT_MATMUL_TILE_712x64: u32 = 304;
+        pub const CUBLASLT_MATMUL_TILE_720x64: u32 = 305;
+        pub const CUBLASLT_MATMUL_TILE_728x64: u32 = 306;
+        pub const CUBLASLT_MATMUL_TILE_736x64: u32 = 307;
+        pub const CUBLASLT_MATMUL_TILE_744x64: u32 = 308;
+        pub const CUBLASLT_MATMUL_TILE_752x64: u32 = 309;
+        pub const CUBLASLT_MATMUL_TILE_760x64: u32 = 310;
+        pub const CUBLASLT_MATMUL_TILE_768x64: u32 = 311;
+        pub const CUBLASLT_MATMUL_TILE_64x16: u32 = 312;
+        pub const CUBLASLT_MATMUL_TILE_64x24: u32 = 313;
+        pub const CUBLASLT_MATMUL_TILE_64x40: u32 = 314;
+        pub const CUBLASLT_MATMUL_TILE_64x48: u32 = 315;
+        pub const CUBLASLT_MATMUL_TILE_64x56: u32 = 316;
+        pub const CUBLASLT_MATMUL_TILE_64x72: u32 = 317;
+        pub const CUBLASLT_MATMUL_TILE_64x80: u32 = 318;
+        pub const CUBLASLT_MATMUL_TILE_64x88: u32 = 319;
+        pub const CUBLASLT_MATMUL_TILE_64x104: u32 = 320;
+        pub const CUBLASLT_MATMUL_TILE_64x112: u32 = 321;
+        pub const CUBLASLT_MATMUL_TILE_64x120: u32 = 322;
+        pub const CUBLASLT_MATMUL_TILE_64x136: u32 = 323;
+        pub const CUBLASLT_MATMUL_TILE_64x144: u32 = 324;
+        pub const CUBLASLT_MATMUL_TILE_64x152: u32 = 325;
+        pub const CUBLASLT_MATMUL_TILE_64x160: u32 = 326;
+        pub const CUBLASLT_MATMUL_TILE_64x168: u32 = 327;
+        pub const CUBLASLT_MATMUL_TILE_64x176: u32 = 328;
+        pub const CUBLASLT_MATMUL_TILE_64x184: u32 = 329;
+        pub const CUBLASLT_MATMUL_TILE_64x200: u32 = 330;
+        pub const CUBLASLT_MATMUL_TILE_64x208: u32 = 331;
+        pub const CUBLASLT_MATMUL_TILE_64x216: u32 = 332;
+        pub const CUBLASLT_MATMUL_TILE_64x224: u32 = 333;
+        pub const CUBLASLT_MATMUL_TILE_64x232: u32 = 334;
+        pub const CUBLASLT_MATMUL_TILE_64x240: u32 = 335;
+        pub const CUBLASLT_MATMUL_TILE_64x248: u32 = 336;
+        pub const CUBLASLT_MATMUL_TILE_64x264: u32 = 337;
+        pub const CUBLASLT_MATMUL_TILE_64x272: u32 = 338;
+        pub const CUBLASLT_MATMUL_TILE_64x280: u32 = 339;
+        pub const CUBLASLT_MATMUL_TILE_64x288: u32 = 340;
+        pub const CUBLASLT_MATMUL_TILE_64x296: u32 = 341;
+        pub const CUBLASLT_MATMUL_TILE_64x304: u32 = 342;
+        pub const CUBLASLT_MATMUL_TILE_64x312: u32 = 343;
+        pub const CUBLASLT_MATMUL_TILE_64x328: u32 = 344;
+        pub const CUBLASLT_MATMUL_TILE_64x336: u32 = 345;
+        pub const CUBLASLT_MATMUL_TILE_64x344: u32 = 346;
+        pub const CUBLASLT_MATMUL_TILE_64x352: u32 = 347;
+        pub const CUBLASLT_MATMUL_TILE_64x360: u32 = 348;
+        pub const CUBLASLT_MATMUL_TILE_64x368: u32 = 349;
+        pub const CUBLASLT_MATMUL_TILE_64x376: u32 = 350;
+        pub const CUBLASLT_MATMUL_TILE_64x392: u32 = 351;
+        pub const CUBLASLT_MATMUL_TILE_64x400: u32 = 352;
+        pub const CUBLASLT_MATMUL_TILE_64x408: u32 = 353;
+        pub const CUBLASLT_MATMUL_TILE_64x416: u32 = 354;
+        pub const CUBLASLT_MATMUL_TILE_64x424: u32 = 355;
+        pub const CUBLASLT_MATMUL_TILE_64x432: u32 = 356;
+        pub const CUBLASLT_MATMUL_TILE_64x440: u32 = 357;
+        pub const CUBLASLT_MATMUL_TILE_64x456: u32 = 358;
+        pub const CUBLASLT_MATMUL_TILE_64x464: u32 = 359;
+        pub const CUBLASLT_MATMUL_TILE_64x472: u32 = 360;
+        pub const CUBLASLT_MATMUL_TILE_64x480: u32 = 361;
+        pub const CUBLASLT_MATMUL_TILE_64x488: u32 = 362;
+        pub const CUBLASLT_MATMUL_TILE_64x496: u32 = 363;
+        pub const CUBLASLT_MATMUL_TILE_64x504: u32 = 364;
+        pub const CUBLASLT_MATMUL_TILE_64x520: u32 = 365;
+        pub const CUBLASLT_MATMUL_TILE_64x528: u32 = 366;
+        pub const CUBLASLT_MATMUL_TILE_64x536: u32 = 367;
+        pub const CUBLASLT_MATMUL_TILE_64x544: u32 = 368;
+        pub const CUBLASLT_MATMUL_TILE_64x552: u32 = 369;
+        pub const CUBLASLT_MATMUL_TILE_64x560: u32 = 370;
+        pub const CUBLASLT_MATMUL_TILE_64x568: u32 = 371;
+        pub const CUBLASLT_MATMUL_TILE_64x584: u32 = 372;
+        pub const CUBLASLT_MATMUL_TILE_64x592: u32 = 373;
+        pub const CUBLASLT_MATMUL_TILE_64x600: u32 = 374;
+        pub const CUBLASLT_MATMUL_TILE_64x608: u32 = 375;
+        pub const CUBLASLT_MATMUL_TILE_64x616: u32 = 376;
+        pub const CUBLASLT_MATMUL_TILE_64x624: u32 = 377;
+        pub const CUBLASLT_MATMUL_TILE_64x632: u32 = 378;
+        pub const CUBLASLT_MATMUL_TILE_64x648: u32 = 379;
+        pub const CUBLASLT_MATMUL_TILE_64x656: u32 = 380;
+        pub const CUBLASLT_MATMUL_TILE_64x664: u32 = 381;
+        pub const CUBLASLT_MATMUL_TILE_64x672: u32 = 382;
+        pub const CUBLASLT_MATMUL_TILE_64x680: u32 = 383;
+        pub const CUBLASLT_MATMUL_TILE_64x688: u32 = 384;
+        pub const CUBLASLT_MATMUL_TILE_64x696: u32 = 385;
+        pub const CUBLASLT_MATMUL_TILE_64x712: u32 = 386;
+        pub const CUBLASLT_MATMUL_TILE_64x720: u32 = 387;
+        pub const CUBLASLT_MATMUL_TILE_64x728: u32 = 388;
+        pub const CUBLASLT_MATMUL_TILE_64x736: u32 = 389;
+        pub const CUBLASLT_MATMUL_TILE_64x744: u32 = 390;
+        pub const CUBLASLT_MATMUL_TILE_64x752: u32 = 391;
+        pub const CUBLASLT_MATMUL_TILE_64x760: u32 = 392;
+        pub const CUBLASLT_MATMUL_TILE_128x8: u32 = 393;
+        pub const CUBLASLT_MATMUL_TILE_128x16: u32 = 394;
+        pub const CUBLASLT_MATMUL_TILE_128x24: u32 = 395;
+        pub const CUBLASLT_MATMUL_TILE_128x40: u32 = 396;
+        pub const CUBLASLT_MATMUL_TILE_128x48: u32 = 397;
+        pub const CUBLASLT_MATMUL_TILE_128x56: u32 = 398;
+        pub const CUBLASLT_MATMUL_TILE_128x72: u32 = 399;
+        pub const CUBLASLT_MATMUL_TILE_128x80: u32 = 400;
+        pub const CUBLASLT_MATMUL_TILE_128x88: u32 = 401;
+        pub const CUBLASLT_MATMUL_TILE_128x104: u32 = 402;
+        pub const CUBLASLT_MATMUL_TILE_128x112: u32 = 403;
+        pub const CUBLASLT_MATMUL_TILE_128x120: u32 = 404;
+        pub const CUBLASLT_MATMUL_TILE_128x136: u32 = 405;
+        pub const CUBLASLT_MATMUL_TILE_128x144: u32 = 406;
+        pub const CUBLASLT_MATMUL_TILE_128x152: u32 = 407;
+        pub const CUBLASLT_MATMUL_TILE_128x168: u32 = 408;
+        pub const CUBLASLT_MATMUL_TILE_128x176: u32 = 409;
+        pub const CUBLASLT_MATMUL_TILE_128x184: u32 = 410;
+        pub const CUBLASLT_MATMUL_TILE_128x200: u32 = 411;
+        pub const CUBLASLT_MATMUL_TILE_128x208: u32 = 412;
+        pub const CUBLASLT_MATMUL_TILE_128x216: u32 = 413;
+        pub const CUBLASLT_MATMUL_TILE_128x224: u32 = 414;
+        pub const CUBLASLT_MATMUL_TILE_128x232: u32 = 415;
+        pub const CUBLASLT_MATMUL_TILE_128x240: u32 = 416;
+        pub const CUBLASLT_MATMUL_TILE_128x248: u32 = 417;
+        pub const CUBLASLT_MATMUL_TILE_128x264: u32 = 418;
+        pub const CUBLASLT_MATMUL_TILE_128x272: u32 = 419;
+        pub const CUBLASLT_MATMUL_TILE_128x280: u32 = 420;
+        pub const CUBLASLT_MATMUL_TILE_128x288: u32 = 421;
+        pub const CUBLASLT_MATMUL_TILE_128x296: u32 = 422;
+        pub const CUBLASLT_MATMUL_TILE_128x304: u32 = 423;
+        pub const CUBLASLT_MATMUL_TILE_128x312: u32 = 424;
+        pub const CUBLASLT_MATMUL_TILE_128x328: u32 = 425;
+        pub const CUBLASLT_MATMUL_TILE_128x336: u32 = 426;
+        pub const CUBLASLT_MATMUL_TILE_128x344: u32 = 427;
+        pub const CUBLASLT_MATMUL_TILE_128x352: u32 = 428;
+        pub const CUBLASLT_MATMUL_TILE_128x360: u32 = 429;
+        pub const CUBLASLT_MATMUL_TILE_128x368: u32 = 430;
+        pub const CUBLASLT_MATMUL_TILE_128x376: u32 = 431;
+        pub const CUBLASLT_MATMUL_TILE_128x392: u32 = 432;
+        pub const CUBLASLT_MATMUL_TILE_128x400: u32 = 433;
+        pub const CUBLASLT_MATMUL_TILE_128x408: u32 = 434;
+        pub const CUBLASLT_MATMUL_TILE_128x416: u32 = 435;
+        pub const CUBLASLT_MATMUL_TILE_128x424: u32 = 436;
+        pub const CUBLASLT_MATMUL_TILE_128x432: u32 = 437;
+        pub const CUBLASLT_MATMUL_TILE_128x440: u32 = 438;
+        pub const CUBLASLT_MATMUL_TILE_128x448: u32 = 439;
+        pub const CUBLASLT_MATMUL_TILE_128x456: u32 = 440;
+        pub const CUBLASLT_MATMUL_TILE_128x464: u32 = 441;
+        pub const CUBLASLT_MATMUL_TILE_128x472: u32 = 442;
+        pub const CUBLASLT_MATMUL_TILE_128x480: u32 = 443;
+        pub const CUBLASLT_MATMUL_TILE_128x488: u32 = 444;
+        pub const CUBLASLT_MATMUL_TILE_128x496: u32 = 445;
+        pub const CUBLASLT_MATMUL_TILE_128x504: u32 = 446;
+        pub const CUBLASLT_MATMUL_TILE_128x512: u32 = 447;
+        pub const CUBLASLT_MATMUL_TILE_192x8: u32 = 448;
+        pub const CUBLASLT_MATMUL_TILE_192x16: u32 = 449;
+        pub const CUBLASLT_MATMUL_TILE_192x24: u32 = 450;
+        pub const CUBLASLT_MATMUL_TILE_192x32: u32 = 451;
+        pub const CUBLASLT_MATMUL_TILE_192x40: u32 = 452;
+        pub const CUBLASLT_MATMUL_TILE_192x48: u32 = 453;
+        pub const CUBLASLT_MATMUL_TILE_192x56: u32 = 454;
+        pub const CUBLASLT_MATMUL_TILE_192x72: u32 = 455;
+        pub const CUBLASLT_MATMUL_TILE_192x80: u32 = 456;
+        pub const CUBLASLT_MATMUL_TILE_192x88: u32 = 457;
+        pub const CUBLASLT_MATMUL_TILE_192x96: u32 = 458;
+        pub const CUBLASLT_MATMUL_TILE_192x104: u32 = 459;
+        pub const CUBLASLT_MATMUL_TILE_192x112: u32 = 460;
+        pub const CUBLASLT_MATMUL_TILE_192x120: u32 = 461;
+        pub const CUBLASLT_MATMUL_TILE_192x136: u32 = 462;
+        pub const CUBLASLT_MATMUL_TILE_192x144: u32 = 463;
+        pub const CUBLASLT_MATMUL_TILE_192x152: u32 = 464;
+        pub const CUBLASLT_MATMUL_TILE_192x160: u32 = 465;
+        pub const CUBLASLT_MATMUL_TILE_192x168: u32 = 466;
+        pub const CUBLASLT_MATMUL_TILE_192x176: u32 = 467;
+        pub const CUBLASLT_MATMUL_TILE_192x184: u32 = 468;
+        pub const CUBLASLT_MATMUL_TILE_192x200: u32 = 469;
+        pub const CUBLASLT_MATMUL_TILE_192x208: u32 = 470;
+        pub const CUBLASLT_MATMUL_TILE_192x216: u32 = 471;
+        pub const CUBLASLT_MATMUL_TILE_192x224: u32 = 472;
+        pub const CUBLASLT_MATMUL_TILE_192x232: u32 = 473;
+        pub const CUBLASLT_MATMUL_TILE_192x240: u32 = 474;
+        pub const CUBLASLT_MATMUL_TILE_192x248: u32 = 475;
+        pub const CUBLASLT_MATMUL_TILE_192x264: u32 = 476;
+        pub const CUBLASLT_MATMUL_TILE_192x272: u32 = 477;
+        pub const CUBLASLT_MATMUL_TILE_192x280: u32 = 478;
+        pub const CUBLASLT_MATMUL_TILE_192x288: u32 = 479;
+        pub const CUBLASLT_MATMUL_TILE_192x296: u32 = 480;
+        pub const CUBLASLT_MATMUL_TILE_192x304: u32 = 481;
+        pub const CUBLASLT_MATMUL_TILE_192x312: u32 = 482;
+        pub const CUBLASLT_MATMUL_TILE_192x320: u32 = 483;
+        pub const CUBLASLT_MATMUL_TILE_192x328: u32 = 484;
+        pub const CUBLASLT_MATMUL_TILE_192x336: u32 = 485;
+        pub const CUBLASLT_MATMUL_TILE_256x8: u32 = 486;
+        pub const CUBLASLT_MATMUL_TILE_256x16: u32 = 487;
+        pub const CUBLASLT_MATMUL_TILE_256x24: u32 = 488;
+        pub const CUBLASLT_MATMUL_TILE_256x40: u32 = 489;
+        pub const CUBLASLT_MATMUL_TILE_256x48: u32 = 490;
+        pub const CUBLASLT_MATMUL_TILE_256x56: u32 = 491;
+        pub const CUBLASLT_MATMUL_TILE_256x72: u32 = 492;
+        pub const CUBLASLT_MATMUL_TILE_256x80: u32 = 493;
+        pub const CUBLASLT_MATMUL_TILE_256x88: u32 = 494;
+        pub const CUBLASLT_MATMUL_TILE_256x96: u32 = 495;
+        pub const CUBLASLT_MATMUL_TILE_256x104: u32 = 496;
+        pub const CUBLASLT_MATMUL_TILE_256x112: u32 = 497;
+        pub const CUBLASLT_MATMUL_TILE_256x120: u32 = 498;
+        pub const CUBLASLT_MATMUL_TILE_256x136: u32 = 499;
+        pub const CUBLASLT_MATMUL_TILE_256x144: u32 = 500;
+        pub const CUBLASLT_MATMUL_TILE_256x152: u32 = 501;
+        pub const CUBLASLT_MATMUL_TILE_256x160: u32 = 502;
+        pub const CUBLASLT_MATMUL_TILE_256x168: u32 = 503;
+        pub const CUBLASLT_MATMUL_TILE_256x176: u32 = 504;
+        pub const CUBLASLT_MATMUL_TILE_256x184: u32 = 505;
+        pub const CUBLASLT_MATMUL_TILE_256x200: u32 = 506;
+        pub const CUBLASLT_MATMUL_TILE_256x208: u32 = 507;
+        pub const CUBLASLT_MATMUL_TILE_256x216: u32 = 508;
+        pub const CUBLASLT_MATMUL_TILE_256x224: u32 = 509;
+        pub const CUBLASLT_MATMUL_TILE_256x232: u32 = 510;
+        pub const CUBLASLT_MATMUL_TILE_256x240: u32 = 511;
+        pub const CUBLASLT_MATMUL_TILE_256x248: u32 = 512;
+        pub const CUBLASLT_MATMUL_TILE_256x256: u32 = 513;
+        pub const CUBLASLT_MATMUL_TILE_320x8: u32 = 514;
+        pub const CUBLASLT_MATMUL_TILE_320x16: u32 = 515;
+        pub const CUBLASLT_MATMUL_TILE_320x24: u32 = 516;
+        pub const CUBLASLT_MATMUL_TILE_320x32: u32 = 517;
+        pub const CUBLASLT_MATMUL_TILE_320x40: u32 = 518;
+        pub const CUBLASLT_MATMUL_TILE_320x48: u32 = 519;
+        pub const CUBLASLT_MATMUL_TILE_320x56: u32 = 520;
+        pub const CUBLASLT_MATMUL_TILE_320x72: u32 = 521;
+        pub const CUBLASLT_MATMUL_TILE_320x80: u32 = 522;
+        pub const CUBLASLT_MATMUL_TILE_320x88: u32 = 523;
+        pub const CUBLASLT_MATMUL_TILE_320x96: u32 = 524;
+        pub const CUBLASLT_MATMUL_TILE_320x104: u32 = 525;
+        pub const CUBLASLT_MATMUL_TILE_320x112: u32 = 526;
+        pub const CUBLASLT_MATMUL_TILE_320x120: u32 = 527;
+        pub const CUBLASLT_MATMUL_TILE_320x136: u32 = 528;
+        pub const CUBLASLT_MATMUL_TILE_320x144: u32 = 529;
+        pub const CUBLASLT_MATMUL_TILE_320x152: u32 = 530;
+        pub const CUBLASLT_MATMUL_TILE_320x160: u32 = 531;
+        pub const CUBLASLT_MATMUL_TILE_320x168: u32 = 532;
+        pub const CUBLASLT_MATMUL_TILE_320x176: u32 = 533;
+        pub const CUBLASLT_MATMUL_TILE_320x184: u32 = 534;
+        pub const CUBLASLT_MATMUL_TILE_320x192: u32 = 535;
+        pub const CUBLASLT_MATMUL_TILE_320x200: u32 = 536;
+        pub const CUBLASLT_MATMUL_TILE_384x8: u32 = 537;
+        pub const CUBLASLT_MATMUL_TILE_384x16: u32 = 538;
+        pub const CUBLASLT_MATMUL_TILE_384x24: u32 = 539;
+        pub const CUBLASLT_MATMUL_TILE_384x32: u32 = 540;
+        pub const CUBLASLT_MATMUL_TILE_384x40: u32 = 541;
+        pub const CUBLASLT_MATMUL_TILE_384x48: u32 = 542;
+        pub const CUBLASLT_MATMUL_TILE_384x56: u32 = 543;
+        pub const CUBLASLT_MATMUL_TILE_384x72: u32 = 544;
+        pub const CUBLASLT_MATMUL_TILE_384x80: u32 = 545;
+        pub const CUBLASLT_MATMUL_TILE_384x88: u32 = 546;
+        pub const CUBLASLT_MATMUL_TILE_384x96: u32 = 547;
+        pub const CUBLASLT_MATMUL_TILE_384x104: u32 = 548;
+        pub const CUBLASLT_MATMUL_TILE_384x112: u32 = 549;
+        pub const CUBLASLT_MATMUL_TILE_384x120: u32 = 550;
+        pub const CUBLASLT_MATMUL_TILE_384x136: u32 = 551;
+        pub const CUBLASLT_MATMUL_TILE_384x144: u32 = 552;
+        pub const CUBLASLT_MATMUL_TILE_384x152: u32 = 553;
+        pub const CUBLASLT_MATMUL_TILE_384x160: u32 = 554;
+        pub const CUBLASLT_MATMUL_TILE_384x168: u32 = 555;
+        pub const CUBLASLT_MATMUL_TILE_448x8: u32 = 556;
+        pub const CUBLASLT_MATMUL_TILE_448x16: u32 = 557;
+        pub const CUBLASLT_MATMUL_TILE_448x24: u32 = 558;
+        pub const CUBLASLT_MATMUL_TILE_448x32: u32 = 559;
+        pub const CUBLASLT_MATMUL_TILE_448x40: u32 = 560;
+        pub const CUBLASLT_MATMUL_TILE_448x48: u32 = 561;
+        pub const CUBLASLT_MATMUL_TILE_448x56: u32 = 562;
+        pub const CUBLASLT_MATMUL_TILE_448x72: u32 = 563;
+        pub const CUBLASLT_MATMUL_TILE_448x80: u32 = 564;
+        pub const CUBLASLT_MATMUL_TILE_448x88: u32 = 565;
+        pub const CUBLASLT_MATMUL_TILE_448x96: u32 = 566;
+        pub const CUBLASLT_MATMUL_TILE_448x104: u32 = 567;
+        pub const CUBLASLT_MATMUL_TILE_448x112: u32 = 568;
+        pub const CUBLASLT_MATMUL_TILE_448x120: u32 = 569;
+        pub const CUBLASLT_MATMUL_TILE_448x128: u32 = 570;
+        pub const CUBLASLT_MATMUL_TILE_448x136: u32 = 571;
+        pub const CUBLASLT_MATMUL_TILE_448x144: u32 = 572;
+        pub const CUBLASLT_MATMUL_TILE_512x8: u32 = 573;
+        pub const CUBLASLT_MATMUL_TILE_512x16: u32 = 574;
+        pub const CUBLASLT_MATMUL_TILE_512x24: u32 = 575;
+        pub const CUBLASLT_MATMUL_TILE_512x32: u32 = 576;
+        pub const CUBLASLT_MATMUL_TILE_512x40: u32 = 577;
+        pub const CUBLASLT_MATMUL_TILE_512x48: u32 = 578;
+        pub const CUBLASLT_MATMUL_TILE_512x56: u32 = 579;
+        pub const CUBLASLT_MATMUL_TILE_512x72: u32 = 580;
+        pub const CUBLASLT_MATMUL_TILE_512x80: u32 = 581;
+        pub const CUBLASLT_MATMUL_TILE_512x88: u32 = 582;
+        pub const CUBLASLT_MATMUL_TILE_512x96: u32 = 583;
+        pub const CUBLASLT_MATMUL_TILE_512x104: u32 = 584;
+        pub const CUBLASLT_MATMUL_TILE_512x112: u32 = 585;
+        pub const CUBLASLT_MATMUL_TILE_512x120: u32 = 586;
+        pub const CUBLASLT_MATMUL_TILE_512x128: u32 = 587;
+        pub const CUBLASLT_MATMUL_TILE_576x8: u32 = 588;
+        pub const CUBLASLT_MATMUL_TILE_576x16: u32 = 589;
+        pub const CUBLASLT_MATMUL_TILE_576x24: u32 = 590;
+        pub const CUBLASLT_MATMUL_TILE_576x32: u32 = 591;
+        pub const CUBLASLT_MATMUL_TILE_576x40: u32 = 592;
+        pub const CUBLASLT_MATMUL_TILE_576x48: u32 = 593;
+        pub const CUBLASLT_MATMUL_TILE_576x56: u32 = 594;
+        pub const CUBLASLT_MATMUL_TILE_576x72: u32 = 595;
+        pub const CUBLASLT_MATMUL_TILE_576x80: u32 = 596;
+        pub const CUBLASLT_MATMUL_TILE_576x88: u32 = 597;
+        pub const CUBLASLT_MATMUL_TILE_576x96: u32 = 598;
+        pub const CUBLASLT_MATMUL_TILE_576x104: u32 = 599;
+        pub const CUBLASLT_MATMUL_TILE_576x112: u32 = 600;
+        pub const CUBLASLT_MATMUL_TILE_640x8: u32 = 601;
+        pub const CUBLASLT_MATMUL_TILE_640x16: u32 = 602;
+        pub const CUBLASLT_MATMUL_TILE_640x24: u32 = 603;
+        pub const CUBLASLT_MATMUL_TILE_640x32: u32 = 604;
+        pub const CUBLASLT_MATMUL_TILE_640x40: u32 = 605;
+        pub const CUBLASLT_MATMUL_TILE_640x48: u32 = 606;
+        pub const CUBLASLT_MATMUL_TILE_640x56: u32 = 607;
+        pub const CUBLASLT_MATMUL_TILE_640x72: u32 = 608;
+        pub const CUBLASLT_MATMUL_TILE_640x80: u32 = 609;
+        pub const CUBLASLT_MATMUL_TILE_640x88: u32 = 610;
+        pub const CUBLASLT_MATMUL_TILE_640x96: u32 = 611;
+        pub const CUBLASLT_MATMUL_TILE_704x8: u32 = 612;
+        pub const CUBLASLT_MATMUL_TILE_704x16: u32 = 613;
+        pub const CUBLASLT_MATMUL_TILE_704x24: u32 = 614;
+        pub const CUBLASLT_MATMUL_TILE_704x32: u32 = 615;
+        pub const CUBLASLT_MATMUL_TILE_704x40: u32 = 616;
+        pub const CUBLASLT_MATMUL_TILE_704x48: u32 = 617;
+        pub const CUBLASLT_MATMUL_TILE_704x56: u32 = 618;
+        pub const CUBLASLT_MATMUL_TILE_704x72: u32 = 619;
+        pub const CUBLASLT_MATMUL_TILE_704x80: u32 = 620;
+        pub const CUBLASLT_MATMUL_TILE_704x88: u32 = 621;
+        pub const CUBLASLT_MATMUL_TILE_768x8: u32 = 622;
+        pub const CUBLASLT_MATMUL_TILE_768x16: u32 = 623;
+        pub const CUBLASLT_MATMUL_TILE_768x24: u32 = 624;
+        pub const CUBLASLT_MATMUL_TILE_768x32: u32 = 625;
+        pub const CUBLASLT_MATMUL_TILE_768x40: u32 = 626;
+        pub const CUBLASLT_MATMUL_TILE_768x48: u32 = 627;
+        pub const CUBLASLT_MATMUL_TILE_768x56: u32 = 628;
+        pub const CUBLASLT_MATMUL_TILE_768x72: u32 = 629;
+        pub const CUBLASLT_MATMUL_TILE_768x80: u32 = 630;
+        pub const CUBLASLT_MATMUL_TILE_256x512: u32 = 631;
+        pub const CUBLASLT_MATMUL_TILE_256x1024: u32 = 632;
+        pub const CUBLASLT_MATMUL_TILE_512x512: u32 = 633;
+        pub const CUBLASLT_MATMUL_TILE_512x1024: u32 = 634;
+        pub const CUBLASLT_MATMUL_TILE_END: u32 = 635;
+    }
+    pub mod cudaDeviceAttr {
+        pub const cudaDevAttrMaxThreadsPerBlock: u32 = 1;
+        pub const cudaDevAttrMaxBlockDimX: u32 = 2;
+        pub const cudaDevAttrMaxBlockDimY: u32 = 3;
+        pub const cudaDevAttrMaxBlockDimZ: u32 = 4;
+        pub const cudaDevAttrMaxGridDimX: u32 = 5;
+        pub const cudaDevAttrMaxGridDimY: u32 = 6;
+        pub const cudaDevAttrMaxGridDimZ: u32 = 7;
+        pub const cudaDevAttrMaxSharedMemoryPerBlock: u32 = 8;
+        pub const cudaDevAttrTotalConstantMemory: u32 = 9;
+        pub const cudaDevAttrWarpSize: u32 = 10;
+        pub const cudaDevAttrMaxPitch: u32 = 11;
+        pub const cudaDevAttrMaxRegistersPerBlock: u32 = 12;
+        pub const cudaDevAttrClockRate: u32 = 13;
+        pub const cudaDevAttrTextureAlignment: u32 = 14;
+        pub const cudaDevAttrGpuOverlap: u32 = 15;
+        pub const cudaDevAttrMultiProcessorCount: u32 = 16;
+        pub const cudaDevAttrKernelExecTimeout: u32 = 17;
+        pub const cudaDevAttrIntegrated: u32 = 18;
+        pub const cudaDevAttrCanMapHostMemory: u32 = 19;
+        pub const cudaDevAttrComputeMode: u32 = 20;
+        pub const cudaDevAttrMaxTexture1DWidth: u32 = 21;
+        pub const cudaDevAttrMaxTexture2DWidth: u32 = 22;
+        pub const cudaDevAttrMaxTexture2DHeight: u32 = 23;
+        pub const cudaDevAttrMaxTexture3DWidth: u32 = 24;
+        pub const cudaDevAttrMaxTexture3DHeight: u32 = 25;
+        pub const cudaDevAttrMaxTexture3DDepth: u32 = 26;
+        pub const cudaDevAttrMaxTexture2DLayeredWidth: u32 = 27;
+        pub const cudaDevAttrMaxTexture2DLayeredHeight: u32 = 28;
+        pub const cudaDevAttrMaxTexture2DLayeredLayers: u32 = 29;
+        pub const cudaDevAttrSurfaceAlignment: u32 = 30;
+        pub const cudaDevAttrConcurrentKernels: u32 = 31;
+        pub const cudaDevAttrEccEnabled: u32 = 32;
+        pub const cudaDevAttrPciBusId: u32 = 33;
+        pub const cudaDevAttrPciDeviceId: u32 = 34;
+        pub const cudaDevAttrTccDriver: u32 = 35;
+        pub const cudaDevAttrMemoryClockRate: u32 = 36;
+        pub const cudaDevAttrGlobalMemoryBusWidth: u32 = 37;
+        pub const cudaDevAttrL2CacheSize: u32 = 38;
+        pub const cudaDevAttrMaxThreadsPerMultiProcessor: u32 = 39;
+        pub const cudaDevAttrAsyncEngineCount: u32 = 40;
+        pub const cudaDevAttrUnifiedAddressing: u32 = 41;
+        pub const cudaDevAttrMaxTexture1DLayeredWidth: u32 = 42;
+        pub const cudaDevAttrMaxTexture1DLayeredLayers: u32 = 43;
+        pub const cudaDevAttrMaxTexture2DGatherWidth: u32 = 45;
+        pub const cudaDevAttrMaxTexture2DGatherHeight: u32 = 46;
+        pub const cudaDevAttrMaxTexture3DWidthAlt: u32 = 47;
+        pub const cudaDevAttrMaxTexture3DHeightAlt: u32 = 48;
+        pub const cudaDevAttrMaxTexture3DDepthAlt: u32 = 49;
+        pub const cudaDevAttrPciDomainId: u32 = 50;
+        pub const cudaDevAttrTexturePitchAlignment: u32 = 51;
+        pub const cudaDevAttrMaxTextureCubemapWidth: u32 = 52;
+        pub const cudaDevAttrMaxTextureCubemapLayeredWidth: u32 = 53;
+        pub const cudaDevAttrMaxTextureCubemapLayeredLayers: u32 = 54;
+        pub const cudaDevAttrMaxSurface1DWidth: u32 = 55;
+        pub const cudaDevAttrMaxSurface2DWidth: u32 = 56;
+        pub const cudaDevAttrMaxSurface2DHeight: u32 = 57;
+        pub const cudaDevAttrMaxSurface3DWidth: u32 = 58;
+        pub const cudaDevAttrMaxSurface3DHeight: u32 = 59;
+        pub const cudaDevAttrMaxSurface3DDepth: u32 = 60;
+        pub const cudaDevAttrMaxSurface1DLayeredWidth: u32 = 61;
+        pub const cudaDevAttrMaxSurface1DLayeredLayers: u32 = 62;
+        pub const cudaDevAttrMaxSurface2DLayeredWidth: u32 = 63;
+        pub const cudaDevAttrMaxSurface2DLayeredHeight: u32 = 64;
+        pub const cudaDevAttrMaxSurface2DLayeredLayers: u32 = 65;
+        pub const cudaDevAttrMaxSurfaceCubemapWidth: u32 = 66;
+        pub const cudaDevAttrMaxSurfaceCubemapLayeredWidth: u32 = 67;
+        pub const cudaDevAttrMaxSurfaceCubemapLayeredLayers: u32 = 68;
+        pub const cudaDevAttrMaxTexture1DLinearWidth: u32 = 69;
+        pub const cudaDevAttrMaxTexture2DLinearWidth: u32 = 70;
+        pub const cudaDevAttrMaxTexture2DLinearHeight: u32 = 71;
+        pub const cudaDevAttrMaxTexture2DLinearPitch: u32 = 72;
+        pub const cudaDevAttrMaxTexture2DMipmappedWidth: u32 = 73;
+        pub const cudaDevAttrMaxTexture2DMipmappedHeight: u32 = 74;
+        pub const cudaDevAttrComputeCapabilityMajor: u32 = 75;
+        pub const cudaDevAttrComputeCapabilityMinor: u32 = 76;
+        pub const cudaDevAttrMaxTexture1DMipmappedWidth: u32 = 77;
+        pub const cudaDevAttrStreamPrioritiesSupported: u32 = 78;
+        pub const cudaDevAttrGlobalL1CacheSupported: u32 = 79;
+        pub const cudaDevAttrLocalL1CacheSupported: u32 = 80;
+        pub const cudaDevAttrMaxSharedMemoryPerMultiprocessor: u32 = 81;
+        pub const cudaDevAttrMaxRegistersPerMultiprocessor: u32 = 82;
+        pub const cudaDevAttrManagedMemory: u32 = 83;
+        pub const cudaDevAttrIsMultiGpuBoard: u32 = 84;
+        pub const cudaDevAttrMultiGpuBoardGroupID: u32 = 85;
+        pub const cudaDevAttrHostNativeAtomicSupported: u32 = 86;
+        pub const cudaDevAttrSingleToDoublePrecisionPerfRatio: u32 = 87;
+        pub const cudaDevAttrPageableMemoryAccess: u32 = 88;
+        pub const cudaDevAttrConcurrentManagedAccess: u32 = 89;
+        pub const cudaDevAttrComputePreemptionSupported: u32 = 90;
+        pub const cudaDevAttrCanUseHostPointerForRegisteredMem: u32 = 91;
+        pub const cudaDevAttrReserved92: u32 = 92;
+        pub const cudaDevAttrReserved93: u32 = 93;
+        pub const cudaDevAttrReserved94: u32 = 94;
+        pub const cudaDevAttrCooperativeLaunch: u32 = 95;
+        pub const cudaDevAttrReserved96: u32 = 96;
+        pub const cudaDevAttrMaxSharedMemoryPerBlockOptin: u32 = 97;
+        pub const cudaDevAttrCanFlushRemoteWrites: u32 = 98;
+        pub const cudaDevAttrHostRegisterSupported: u32 = 99;
+        pub const cudaDevAttrPageableMemoryAccessUsesHostPageTables: u32 = 100;
+        pub const cudaDevAttrDirectManagedMemAccessFromHost: u32 = 101;
+        pub const cudaDevAttrMaxBlocksPerMultiprocessor: u32 = 106;
+        pub const cudaDevAttrMaxPersistingL2CacheSize: u32 = 108;
+        pub const cudaDevAttrMaxAccessPolicyWindowSize: u32 = 109;
+        pub const cudaDevAttrReservedSharedMemoryPerBlock: u32 = 111;
+        pub const cudaDevAttrSparseCudaArraySupported: u32 = 112;
+        pub const cudaDevAttrHostRegisterReadOnlySupported: u32 = 113;
+        pub const cudaDevAttrTimelineSemaphoreInteropSupported: u32 = 114;
+        pub const cudaDevAttrMemoryPoolsSupported: u32 = 115;
+        pub const cudaDevAttrGPUDirectRDMASupported: u32 = 116;
+        pub const cudaDevAttrGPUDirectRDMAFlushWritesOptions: u32 = 117;
+        pub const cudaDevAttrGPUDirectRDMAWritesOrdering: u32 = 118;
+        pub const cudaDevAttrMemoryPoolSupportedHandleTypes: u32 = 119;
+        pub const cudaDevAttrClusterLaunch: u32 = 120;
+        pub const cudaDevAttrDeferredMappingCudaArraySupported: u32 = 121;
+        pub const cudaDevAttrReserved122: u32 = 122;
+        pub const cudaDevAttrReserved123: u32 = 123;
+        pub const cudaDevAttrReserved124: u32 = 124;
+        pub const cudaDevAttrIpcEventSupport: u32 = 125;
+        pub const cudaDevAttrMemSyncDomainCount: u32 = 126;
+        pub const cudaDevAttrReserved127: u32 = 127;
+        pub const cudaDevAttrReserved128: u32 = 128;
+        pub const cudaDevAttrReserved129: u32 = 129;
+        pub const cudaDevAttrNumaConfig: u32 = 130;
+        pub const cudaDevAttrNumaId: u32 = 131;
+        pub const cudaDevAttrReserved132: u32 = 132;
+        pub const cudaDevAttrMpsEnabled: u32 = 133;
+        pub const cudaDevAttrHostNumaId: u32 = 134;
+        pub const cudaDevAttrD3D12CigSupported: u32 = 135;
+        pub const cudaDevAttrVulkanCigSupported: u32 = 138;
+        pub const cudaDevAttrGpuPciDeviceId: u32 = 139;
+        pub const cudaDevAttrGpuPciSubsystemId: u32 = 140;
+        pub const cudaDevAttrReserved141: u32 = 141;
+        pub const cudaDevAttrHostNumaMemoryPoolsSupported: u32 = 142;
+        pub const cudaDevAttrHostNumaMultinodeIpcSupported: u32 = 143;
+        pub const cudaDevAttrHostMemoryPoolsSupported: u32 = 144;
+        pub const cudaDevAttrReserved145: u32 = 145;
+        pub const cudaDevAttrOnlyPartialHostNativeAtomicSupported: u32 = 147;
+        pub const cudaDevAttrMax: u32 = 148;
+    }
+    pub mod cudaFuncAttribute {
+        pub const cudaFuncAttributeMaxDynamicSharedMemorySize: u32 = 8;
+        pub const cudaFuncAttributePreferredSharedMemoryCarveout: u32 = 9;
+        pub const cudaFuncAttributeClusterDimMustBeSet: u32 = 10;
+        pub const cudaFuncAttributeRequiredClusterWidth: u32 = 11;
+        pub const cudaFuncAttributeRequiredClusterHeight: u32 = 12;
+        pub const cudaFuncAttributeRequiredClusterDepth: u32 = 13;
+        pub const cudaFuncAttributeNonPortableClusterSizeAllowed: u32 = 14;
+        pub const cudaFuncAttributeClusterSchedulingPolicyPreference: u32 = 15;
+        pub const cudaFuncAttributeMax: u32 = 16;
+    }
+    pub mod cudaGraphNodeType {
+        pub const cudaGraphNodeTypeKernel: u32 = 0;
+        pub const cudaGraphNodeTypeMemcpy: u32 = 1;
+        pub const cudaGraphNodeTypeMemset: u32 = 2;
+        pub const cudaGraphNodeTypeHost: u32 = 3;
+        pub const cudaGraphNodeTypeGraph: u32 = 4;
+        pub const cudaGraphNodeTypeEmpty: u32 = 5;
+        pub const cudaGraphNodeTypeWaitEvent: u32 = 6;
+        pub const cudaGraphNodeTypeEventRecord: u32 = 7;
+        pub const cudaGraphNodeTypeExtSemaphoreSignal: u32 = 8;
+        pub const cudaGraphNodeTypeExtSemaphoreWait: u32 = 9;
+        pub const cudaGraphNodeTypeMemAlloc: u32 = 10;
+        pub const cudaGraphNodeTypeMemFree: u32 = 11;
+        pub const cudaGraphNodeTypeConditional: u32 = 13;
+        pub const cudaGraphNodeTypeCount: u32 = 14;
+    }
     pub mod cudnnBackendBehaviorNote_t {
         pub const CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION: u32 = 0;
         pub const CUDNN_BEHAVIOR_NOTE_REQUIRES_FILTER_INT8x32_REORDER: u32 = 1;
         pub const CUDNN_BEHAVIOR_NOTE_REQUIRES_BIAS_INT8x32_REORDER: u32 = 2;
         pub const CUDNN_BEHAVIOR_NOTE_SUPPORTS_CUDA_GRAPH_NATIVE_API: u32 = 3;
         pub const CUDNN_BEHAVIOR_NOTE_TYPE_COUNT: u32 = 4;
+    }
+    pub mod cudnnBackendKnobType_t {
+        pub const CUDNN_KNOB_TYPE_SPLIT_K: u32 = 0;
+        pub const CUDNN_KNOB_TYPE_SWIZZLE: u32 = 1;
+        pub const CUDNN_KNOB_TYPE_TILE_SIZE: u32 = 2;
+        pub const CUDNN_KNOB_TYPE_USE_TEX: u32 = 3;
+        pub const CUDNN_KNOB_TYPE_EDGE: u32 = 4;
+        pub const CUDNN_KNOB_TYPE_KBLOCK: u32 = 5;
+        pub const CUDNN_KNOB_TYPE_LDGA: u32 = 6;
+        pub const CUDNN_KNOB_TYPE_LDGB: u32 = 7;
+        pub const CUDNN_KNOB_TYPE_CHUNK_K: u32 = 8;
+        pub const CUDNN_KNOB_TYPE_SPLIT_H: u32 = 9;
+        pub const CUDNN_KNOB_TYPE_WINO_TILE: u32 = 10;
+        pub const CUDNN_KNOB_TYPE_MULTIPLY: u32 = 11;
+        pub const CUDNN_KNOB_TYPE_SPLIT_K_BUF: u32 = 12;
+        pub const CUDNN_KNOB_TYPE_TILEK: u32 = 13;
+        pub const CUDNN_KNOB_TYPE_STAGES: u32 = 14;
+        pub const CUDNN_KNOB_TYPE_REDUCTION_MODE: u32 = 15;
+        pub const CUDNN_KNOB_TYPE_CTA_SPLIT_K_MODE: u32 = 16;
+        pub const CUDNN_KNOB_TYPE_SPLIT_K_SLC: u32 = 17;
+        pub const CUDNN_KNOB_TYPE_IDX_MODE: u32 = 18;
+        pub const CUDNN_KNOB_TYPE_SLICED: u32 = 19;
+        pub const CUDNN_KNOB_TYPE_SPLIT_RS: u32 = 20;
+        pub const CUDNN_KNOB_TYPE_SINGLEBUFFER: u32 = 21;
+        pub const CUDNN_KNOB_TYPE_LDGC: u32 = 22;
+        pub const CUDNN_KNOB_TYPE_SPECFILT: u32 = 23;
+        pub const CUDNN_KNOB_TYPE_KERNEL_CFG: u32 = 24;
+        pub const CUDNN_KNOB_TYPE_WORKSPACE: u32 = 25;
+        pub const CUDNN_KNOB_TYPE_TILE_CGA: u32 = 26;
+        pub const CUDNN_KNOB_TYPE_TILE_CGA_M: u32 = 27;
+        pub const CUDNN_KNOB_TYPE_TILE_CGA_N: u32 = 28;
+        pub const CUDNN_KNOB_TYPE_BLOCK_SIZE: u32 = 29;
+        pub const CUDNN_KNOB_TYPE_OCCUPANCY: u32 = 30;
+        pub const CUDNN_KNOB_TYPE_ARRAY_SIZE_PER_THREAD: u32 = 31;
+        pub const CUDNN_KNOB_TYPE_NUM_C_PER_BLOCK: u32 = 32;
+        pub const CUDNN_KNOB_TYPE_SPLIT_COLS: u32 = 33;
+        pub const CUDNN_KNOB_TYPE_TILE_ROWS: u32 = 34;
+        pub const CUDNN_KNOB_TYPE_TILE_COLS: u32 = 35;
+        pub const CUDNN_KNOB_TYPE_LOAD_SIZE: u32 = 36;
+        pub const CUDNN_KNOB_TYPE_CTA_COUNT: u32 = 37;
+        pub const CUDNN_KNOB_TYPE_STREAM_K: u32 = 38;
+        pub const CUDNN_KNOB_TYPE_SPLIT_P_SLC: u32 = 39;
+        pub const CUDNN_KNOB_TYPE_TILE_M: u32 = 40;
+        pub const CUDNN_KNOB_TYPE_TILE_N: u32 = 41;
+        pub const CUDNN_KNOB_TYPE_WARP_SPEC_CFG: u32 = 42;
+        pub const CUDNN_KNOB_TYPE_COUNTS: u32 = 43;
+    }
+    pub mod ncclResult_t {
+        pub const ncclSuccess: u32 = 0;
+        pub const ncclUnhandledCudaError: u32 = 1;
+        pub const ncclSystemError: u32 = 2;
+        pub const ncclInternalError: u32 = 3;
+        pub const ncclInvalidArgument: u32 = 4;
+        pub const ncclInvalidUsage: u32 = 5;
+        pub const ncclRemoteError: u32 = 6;
+        pub const ncclInProgress: u32 = 7;
+        pub const ncclNumResults: u32 = 8;
+    }
+    pub mod nvmlBrandType_enum {
+        pub const NVML_BRAND_UNKNOWN: u32 = 0;
+        pub const NVML_BRAND_QUADRO: u32 = 1;
+        pub const NVML_BRAND_TESLA: u32 = 2;
+        pub const NVML_BRAND_NVS: u32 = 3;
+        pub const NVML_BRAND_GRID: u32 = 4;
+        pub const NVML_BRAND_GEFORCE: u32 = 5;
+        pub const NVML_BRAND_TITAN: u32 = 6;
+        pub const NVML_BRAND_NVIDIA_VAPPS: u32 = 7;
+        pub const NVML_BRAND_NVIDIA_VPC: u32 = 8;
+        pub const NVML_BRAND_NVIDIA_VCS: u32 = 9;
+        pub const NVML_BRAND_NVIDIA_VWS: u32 = 10;
+        pub const NVML_BRAND_NVIDIA_CLOUD_GAMING: u32 = 11;
+        pub const NVML_BRAND_NVIDIA_VGAMING: u32 = 11;
+        pub const NVML_BRAND_QUADRO_RTX: u32 = 12;
+        pub const NVML_BRAND_NVIDIA_RTX: u32 = 13;
+        pub const NVML_BRAND_NVIDIA: u32 = 14;
+        pub const NVML_BRAND_GEFORCE_RTX: u32 = 15;
+        pub const NVML_BRAND_TITAN_RTX: u32 = 16;
+        pub const NVML_BRAND_COUNT: u32 = 18;
+    }
+    pub mod nvmlDeviceVgpuCapability_enum {
+        pub const NVML_DEVICE_VGPU_CAP_FRACTIONAL_MULTI_VGPU: u32 = 0;
+        pub const NVML_DEVICE_VGPU_CAP_HETEROGENEOUS_TIMESLICE_PROFILES: u32 = 1;
+        pub const NVML_DEVICE_VGPU_CAP_HETEROGENEOUS_TIMESLICE_SIZES: u32 = 2;
+        pub const NVML_DEVICE_VGPU_CAP_READ_DEVICE_BUFFER_BW: u32 = 3;
+        pub const NVML_DEVICE_VGPU_CAP_WRITE_DEVICE_BUFFER_BW: u32 = 4;
+        pub const NVML_DEVICE_VGPU_CAP_DEVICE_STREAMING: u32 = 5;
+        pub const NVML_DEVICE_VGPU_CAP_MINI_QUARTER_GPU: u32 = 6;
+        pub const NVML_DEVICE_VGPU_CAP_COMPUTE_MEDIA_ENGINE_GPU: u32 = 7;
+        pub const NVML_DEVICE_VGPU_CAP_WARM_UPDATE: u32 = 8;
+        pub const NVML_DEVICE_VGPU_CAP_HOMOGENEOUS_PLACEMENTS: u32 = 9;
+        pub const NVML_DEVICE_VGPU_CAP_MIG_TIMESLICING_SUPPORTED: u32 = 10;
+        pub const NVML_DEVICE_VGPU_CAP_MIG_TIMESLICING_ENABLED: u32 = 11;
+        pub const NVML_DEVICE_VGPU_CAP_COUNT: u32 = 12;
+    }
+    pub mod nvmlGpmMetricId_t {
+        pub const NVML_GPM_METRIC_GRAPHICS_UTIL: u32 = 1;
+        pub const NVML_GPM_METRIC_SM_UTIL: u32 = 2;
+        pub const NVML_GPM_METRIC_SM_OCCUPANCY: u32 = 3;
+        pub const NVML_GPM_METRIC_INTEGER_UTIL: u32 = 4;
+        pub const NVML_GPM_METRIC_ANY_TENSOR_UTIL: u32 = 5;
+        pub const NVML_GPM_METRIC_DFMA_TENSOR_UTIL: u32 = 6;
+        pub const NVML_GPM_METRIC_HMMA_TENSOR_UTIL: u32 = 7;
+        pub const NVML_GPM_METRIC_IMMA_TENSOR_UTIL: u32 = 9;
+        pub const NVML_GPM_METRIC_DRAM_BW_UTIL: u32 = 10;
+        pub const NVML_GPM_METRIC_FP64_UTIL: u32 = 11;
+        pub const NVML_GPM_METRIC_FP32_UTIL: u32 = 12;
+        pub const NVML_GPM_METRIC_FP16_UTIL: u32 = 13;
+        pub const NVML_GPM_METRIC_PCIE_TX_PER_SEC: u32 = 20;
+        pub const NVML_GPM_METRIC_PCIE_RX_PER_SEC: u32 = 21;
+        pub const NVML_GPM_METRIC_NVDEC_0_UTIL: u32 = 30;
+        pub const NVML_GPM_METRIC_NVDEC_1_UTIL: u32 = 31;
+        pub const NVML_GPM_METRIC_NVDEC_2_UTIL: u32 = 32;
+        pub const NVML_GPM_METRIC_NVDEC_3_UTIL: u32 = 33;
+        pub const NVML_GPM_METRIC_NVDEC_4_UTIL: u32 = 34;
+        pub const NVML_GPM_METRIC_NVDEC_5_UTIL: u32 = 35;
+        pub const NVML_GPM_METRIC_NVDEC_6_UTIL: u32 = 36;
+        pub const NVML_GPM_METRIC_NVDEC_7_UTIL: u32 = 37;
+        pub const NVML_GPM_METRIC_NVJPG_0_UTIL: u32 = 40;
+        pub const NVML_GPM_METRIC_NVJPG_1_UTIL: u32 = 41;
+        pub const NVML_GPM_METRIC_NVJPG_2_UTIL: u32 = 42;
+        pub const NVML_GPM_METRIC_NVJPG_3_UTIL: u32 = 43;
+        pub const NVML_GPM_METRIC_NVJPG_4_UTIL: u32 = 44;
+        pub const NVML_GPM_METRIC_NVJPG_5_UTIL: u32 = 45;
+        pub const NVML_GPM_METRIC_NVJPG_6_UTIL: u32 = 46;
+        pub const NVML_GPM_METRIC_NVJPG_7_UTIL: u32 = 47;
+        pub const NVML_GPM_METRIC_NVOFA_0_UTIL: u32 = 50;
+        pub const NVML_GPM_METRIC_NVOFA_1_UTIL: u32 = 51;
+        pub const NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC: u32 = 60;
+        pub const NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC: u32 = 61;
+        pub const NVML_GPM_METRIC_NVLINK_L0_RX_PER_SEC: u32 = 62;
+        pub const NVML_GPM_METRIC_NVLINK_L0_TX_PER_SEC: u32 = 63;
+        pub const NVML_GPM_METRIC_NVLINK_L1_RX_PER_SEC: u32 = 64;
+        pub const NVML_GPM_METRIC_NVLINK_L1_TX_PER_SEC: u32 = 65;
+        pub const NVML_GPM_METRIC_NVLINK_L2_RX_PER_SEC: u32 = 66;
+        pub const NVML_GPM_METRIC_NVLINK_L2_TX_PER_SEC: u32 = 67;
+        pub const NVML_GPM_METRIC_NVLINK_L3_RX_PER_SEC: u32 = 68;
+        pub const NVML_GPM_METRIC_NVLINK_L3_TX_PER_SEC: u32 = 69;
+        pub const NVML_GPM_METRIC_NVLINK_L4_RX_PER_SEC: u32 = 70;
+        pub const NVML_GPM_METRIC_NVLINK_L4_TX_PER_SEC: u32 = 71;
+        pub const NVML_GPM_METRIC_NVLINK_L5_RX_PER_SEC: u32 = 72;
+        pub const NVML_GPM_METRIC_NVLINK_L5_TX_PER_SEC: u32 = 73;
+        pub const NVML_GPM_METRIC_NVLINK_L6_RX_PER_SEC: u32 = 74;
+        pub const NVML_GPM_METRIC_NVLINK_L6_TX_PER_SEC: u32 = 75;
+        pub const NVML_GPM_METRIC_NVLINK_L7_RX_PER_SEC: u32 = 76;
+        pub const NVML_GPM_METRIC_NVLINK_L7_TX_PER_SEC: u32 = 77;
+        pub const NVML_GPM_METRIC_NVLINK_L8_RX_PER_SEC: u32 = 78;
+        pub const NVML_GPM_METRIC_NVLINK_L8_TX_PER_SEC: u32 = 79;
+        pub const NVML_GPM_METRIC_NVLINK_L9_RX_PER_SEC: u32 = 80;
+        pub const NVML_GPM_METRIC_NVLINK_L9_TX_PER_SEC: u32 = 81;
+        pub const NVML_GPM_METRIC_NVLINK_L10_RX_PER_SEC: u32 = 82;
+        pub const NVML_GPM_METRIC_NVLINK_L10_TX_PER_SEC: u32 = 83;
+        pub const NVML_GPM_METRIC_NVLINK_L11_RX_PER_SEC: u32 = 84;
+        pub const NVML_GPM_METRIC_NVLINK_L11_TX_PER_SEC: u32 = 85;
+        pub const NVML_GPM_METRIC_NVLINK_L12_RX_PER_SEC: u32 = 86;
+        pub const NVML_GPM_METRIC_NVLINK_L12_TX_PER_SEC: u32 = 87;
+        pub const NVML_GPM_METRIC_NVLINK_L13_RX_PER_SEC: u32 = 88;
+        pub const NVML_GPM_METRIC_NVLINK_L13_TX_PER_SEC: u32 = 89;
+        pub const NVML_GPM_METRIC_NVLINK_L14_RX_PER_SEC: u32 = 90;
+        pub const NVML_GPM_METRIC_NVLINK_L14_TX_PER_SEC: u32 = 91;
+        pub const NVML_GPM_METRIC_NVLINK_L15_RX_PER_SEC: u32 = 92;
+        pub const NVML_GPM_METRIC_NVLINK_L15_TX_PER_SEC: u32 = 93;
+        pub const NVML_GPM_METRIC_NVLINK_L16_RX_PER_SEC: u32 = 94;
+        pub const NVML_GPM_METRIC_NVLINK_L16_TX_PER_SEC: u32 = 95;
+        pub const NVML_GPM_METRIC_NVLINK_L17_RX_PER_SEC: u32 = 96;
+        pub const NVML_GPM_METRIC_NVLINK_L17_TX_PER_SEC: u32 = 97;
+        pub const NVML_GPM_METRIC_C2C_TOTAL_TX_PER_SEC: u32 = 100;
+        pub const NVML_GPM_METRIC_C2C_TOTAL_RX_PER_SEC: u32 = 101;
+        pub const NVML_GPM_METRIC_C2C_DATA_TX_PER_SEC: u32 = 102;
+        pub const NVML_GPM_METRIC_C2C_DATA_RX_PER_SEC: u32 = 103;
+        pub const NVML_GPM_METRIC_C2C_LINK0_TOTAL_TX_PER_SEC: u32 = 104;
+        pub const NVML_GPM_METRIC_C2C_LINK0_TOTAL_RX_PER_SEC: u32 = 105;
+        pub const NVML_GPM_METRIC_C2C_LINK0_DATA_TX_PER_SEC: u32 = 106;
+        pub const NVML_GPM_METRIC_C2C_LINK0_DATA_RX_PER_SEC: u32 = 107;
+        pub const NVML_GPM_METRIC_C2C_LINK1_TOTAL_TX_PER_SEC: u32 = 108;
+        pub const NVML_GPM_METRIC_C2C_LINK1_TOTAL_RX_PER_SEC: u32 = 109;
+        pub const NVML_GPM_METRIC_C2C_LINK1_DATA_TX_PER_SEC: u32 = 110;
+        pub const NVML_GPM_METRIC_C2C_LINK1_DATA_RX_PER_SEC: u32 = 111;
+        pub const NVML_GPM_METRIC_C2C_LINK2_TOTAL_TX_PER_SEC: u32 = 112;
+        pub const NVML_GPM_METRIC_C2C_LINK2_TOTAL_RX_PER_SEC: u32 = 113;
+        pub const NVML_GPM_METRIC_C2C_LINK2_DATA_TX_PER_SEC: u32 = 114;
+        pub const NVML_GPM_METRIC_C2C_LINK2_DATA_RX_PER_SEC: u32 = 115;
+        pub const NVML_GPM_METRIC_C2C_LINK3_TOTAL_TX_PER_SEC: u32 = 116;
+        pub const NVML_GPM_METRIC_C2C_LINK3_TOTAL_RX_PER_SEC: u32 = 117;
+        pub const NVML_GPM_METRIC_C2C_LINK3_DATA_TX_PER_SEC: u32 = 118;
+        pub const NVML_GPM_METRIC_C2C_LINK3_DATA_RX_PER_SEC: u32 = 119;
+        pub const NVML_GPM_METRIC_C2C_LINK4_TOTAL_TX_PER_SEC: u32 = 120;
+        pub const NVML_GPM_METRIC_C2C_LINK4_TOTAL_RX_PER_SEC: u32 = 121;
+        pub const NVML_GPM_METRIC_C2C_LINK4_DATA_TX_PER_SEC: u32 = 122;
+        pub const NVML_GPM_METRIC_C2C_LINK4_DATA_RX_PER_SEC: u32 = 123;
+        pub const NVML_GPM_METRIC_C2C_LINK5_TOTAL_TX_PER_SEC: u32 = 124;
+        pub const NVML_GPM_METRIC_C2C_LINK5_TOTAL_RX_PER_SEC: u32 = 125;
+        pub const NVML_GPM_METRIC_C2C_LINK5_DATA_TX_PER_SEC: u32 = 126;
+        pub const NVML_GPM_METRIC_C2C_LINK5_DATA_RX_PER_SEC: u32 = 127;
+        pub const NVML_GPM_METRIC_C2C_LINK6_TOTAL_TX_PER_SEC: u32 = 128;
+        pub const NVML_GPM_METRIC_C2C_LINK6_TOTAL_RX_PER_SEC: u32 = 129;
+        pub const NVML_GPM_METRIC_C2C_LINK6_DATA_TX_PER_SEC: u32 = 130;
+        pub const NVML_GPM_METRIC_C2C_LINK6_DATA_RX_PER_SEC: u32 = 131;
+        pub const NVML_GPM_METRIC_C2C_LINK7_TOTAL_TX_PER_SEC: u32 = 132;
+        pub const NVML_GPM_METRIC_C2C_LINK7_TOTAL_RX_PER_SEC: u32 = 133;
+        pub const NVML_GPM_METRIC_C2C_LINK7_DATA_TX_PER_SEC: u32 = 134;
+        pub const NVML_GPM_METRIC_C2C_LINK7_DATA_RX_PER_SEC: u32 = 135;
+        pub const NVML_GPM_METRIC_C2C_LINK8_TOTAL_TX_PER_SEC: u32 = 136;
+        pub const NVML_GPM_METRIC_C2C_LINK8_TOTAL_RX_PER_SEC: u32 = 137;
+        pub const NVML_GPM_METRIC_C2C_LINK8_DATA_TX_PER_SEC: u32 = 138;
+        pub const NVML_GPM_METRIC_C2C_LINK8_DATA_RX_PER_SEC: u32 = 139;
+        pub const NVML_GPM_METRIC_C2C_LINK9_TOTAL_TX_PER_SEC: u32 = 140;
+        pub const NVML_GPM_METRIC_C2C_LINK9_TOTAL_RX_PER_SEC: u32 = 141;
+        pub const NVML_GPM_METRIC_C2C_LINK9_DATA_TX_PER_SEC: u32 = 142;
+        pub const NVML_GPM_METRIC_C2C_LINK9_DATA_RX_PER_SEC: u32 = 143;
+        pub const NVML_GPM_METRIC_C2C_LINK10_TOTAL_TX_PER_SEC: u32 = 144;
+        pub const NVML_GPM_METRIC_C2C_LINK10_TOTAL_RX_PER_SEC: u32 = 145;
+        pub const NVML_GPM_METRIC_C2C_LINK10_DATA_TX_PER_SEC: u32 = 146;
+        pub const NVML_GPM_METRIC_C2C_LINK10_DATA_RX_PER_SEC: u32 = 147;
+        pub const NVML_GPM_METRIC_C2C_LINK11_TOTAL_TX_PER_SEC: u32 = 148;
+        pub const NVML_GPM_METRIC_C2C_LINK11_TOTAL_RX_PER_SEC: u32 = 149;
+        pub const NVML_GPM_METRIC_C2C_LINK11_DATA_TX_PER_SEC: u32 = 150;
+        pub const NVML_GPM_METRIC_C2C_LINK11_DATA_RX_PER_SEC: u32 = 151;
+        pub const NVML_GPM_METRIC_C2C_LINK12_TOTAL_TX_PER_SEC: u32 = 152;
+        pub const NVML_GPM_METRIC_C2C_LINK12_TOTAL_RX_PER_SEC: u32 = 153;
+        pub const NVML_GPM_METRIC_C2C_LINK12_DATA_TX_PER_SEC: u32 = 154;
+        pub const NVML_GPM_METRIC_C2C_LINK12_DATA_RX_PER_SEC: u32 = 155;
+        pub const NVML_GPM_METRIC_C2C_LINK13_TOTAL_TX_PER_SEC: u32 = 156;
+        pub const NVML_GPM_METRIC_C2C_LINK13_TOTAL_RX_PER_SEC: u32 = 157;
+        pub const NVML_GPM_METRIC_C2C_LINK13_DATA_TX_PER_SEC: u32 = 158;
+        pub const NVML_GPM_METRIC_C2C_LINK13_DATA_RX_PER_SEC: u32 = 159;
+        pub const NVML_GPM_METRIC_HOSTMEM_CACHE_HIT: u32 = 160;
+        pub const NVML_GPM_METRIC_HOSTMEM_CACHE_MISS: u32 = 161;
+        pub const NVML_GPM_METRIC_PEERMEM_CACHE_HIT: u32 = 162;
+        pub const NVML_GPM_METRIC_PEERMEM_CACHE_MISS: u32 = 163;
+        pub const NVML_GPM_METRIC_DRAM_CACHE_HIT: u32 = 164;
+        pub const NVML_GPM_METRIC_DRAM_CACHE_MISS: u32 = 165;
+        pub const NVML_GPM_METRIC_NVENC_0_UTIL: u32 = 166;
+        pub const NVML_GPM_METRIC_NVENC_1_UTIL: u32 = 167;
+        pub const NVML_GPM_METRIC_NVENC_2_UTIL: u32 = 168;
+        pub const NVML_GPM_METRIC_NVENC_3_UTIL: u32 = 169;
+        pub const NVML_GPM_METRIC_GR0_CTXSW_CYCLES_ELAPSED: u32 = 170;
+        pub const NVML_GPM_METRIC_GR0_CTXSW_CYCLES_ACTIVE: u32 = 171;
+        pub const NVML_GPM_METRIC_GR0_CTXSW_REQUESTS: u32 = 172;
+        pub const NVML_GPM_METRIC_GR0_CTXSW_CYCLES_PER_REQ: u32 = 173;
+        pub const NVML_GPM_METRIC_GR0_CTXSW_ACTIVE_PCT: u32 = 174;
+        pub const NVML_GPM_METRIC_GR1_CTXSW_CYCLES_ELAPSED: u32 = 175;
+        pub const NVML_GPM_METRIC_GR1_CTXSW_CYCLES_ACTIVE: u32 = 176;
+        pub const NVML_GPM_METRIC_GR1_CTXSW_REQUESTS: u32 = 177;
+        pub const NVML_GPM_METRIC_GR1_CTXSW_CYCLES_PER_REQ: u32 = 178;
+        pub const NVML_GPM_METRIC_GR1_CTXSW_ACTIVE_PCT: u32 = 179;
+        pub const NVML_GPM_METRIC_GR2_CTXSW_CYCLES_ELAPSED: u32 = 180;
+        pub const NVML_GPM_METRIC_GR2_CTXSW_CYCLES_ACTIVE: u32 = 181;
+        pub const NVML_GPM_METRIC_GR2_CTXSW_REQUESTS: u32 = 182;
+        pub const NVML_GPM_METRIC_GR2_CTXSW_CYCLES_PER_REQ: u32 = 183;
+        pub const NVML_GPM_METRIC_GR2_CTXSW_ACTIVE_PCT: u32 = 184;
+        pub const NVML_GPM_METRIC_GR3_CTXSW_CYCLES_ELAPSED: u32 = 185;
+        pub const NVML_GPM_METRIC_GR3_CTXSW_CYCLES_ACTIVE: u32 = 186;
+        pub const NVML_GPM_METRIC_GR3_CTXSW_REQUESTS: u32 = 187;
+        pub const NVML_GPM_METRIC_GR3_CTXSW_CYCLES_PER_REQ: u32 = 188;
+        pub const NVML_GPM_METRIC_GR3_CTXSW_ACTIVE_PCT: u32 = 189;
+        pub const NVML_GPM_METRIC_GR4_CTXSW_CYCLES_ELAPSED: u32 = 190;
+        pub const NVML_GPM_METRIC_GR4_CTXSW_CYCLES_ACTIVE: u32 = 191;
+        pub const NVML_GPM_METRIC_GR4_CTXSW_REQUESTS: u32 = 192;
+        pub const NVML_GPM_METRIC_GR4_CTXSW_CYCLES_PER_REQ: u32 = 193;
+        pub const NVML_GPM_METRIC_GR4_CTXSW_ACTIVE_PCT: u32 = 194;
+        pub const NVML_GPM_METRIC_GR5_CTXSW_CYCLES_ELAPSED: u32 = 195;
+        pub const NVML_GPM_METRIC_GR5_CTXSW_CYCLES_ACTIVE: u32 = 196;
+        pub const NVML_GPM_METRIC_GR5_CTXSW_REQUESTS: u32 = 197;
+        pub const NVML_GPM_METRIC_GR5_CTXSW_CYCLES_PER_REQ: u32 = 198;
+        pub const NVML_GPM_METRIC_GR5_CTXSW_ACTIVE_PCT: u32 = 199;
+        pub const NVML_GPM_METRIC_GR6_CTXSW_CYCLES_ELAPSED: u32 = 200;
+        pub const NVML_GPM_METRIC_GR6_CTXSW_CYCLES_ACTIVE: u32 = 201;
+        pub const NVML_GPM_METRIC_GR6_CTXSW_REQUESTS: u32 = 202;
+        pub const NVML_GPM_METRIC_GR6_CTXSW_CYCLES_PER_REQ: u32 = 203;
+        pub const NVML_GPM_METRIC_GR6_CTXSW_ACTIVE_PCT: u32 = 204;
+        pub const NVML_GPM_METRIC_GR7_CTXSW_CYCLES_ELAPSED: u32 = 205;
+        pub const NVML_GPM_METRIC_GR7_CTXSW_CYCLES_ACTIVE: u32 = 206;
+        pub const NVML_GPM_METRIC_GR7_CTXSW_REQUESTS: u32 = 207;
+        pub const NVML_GPM_METRIC_GR7_CTXSW_CYCLES_PER_REQ: u32 = 208;
+        pub const NVML_GPM_METRIC_GR7_CTXSW_ACTIVE_PCT: u32 = 209;
+        pub const NVML_GPM_METRIC_MAX: u32 = 210;
+    }
+    pub mod nvmlPowerProfileType_t {
+        pub const NVML_POWER_PROFILE_MAX_P: u32 = 0;
+        pub const NVML_POWER_PROFILE_MAX_Q: u32 = 1;
+        pub const NVML_POWER_PROFILE_COMPUTE: u32 = 2;
+        pub const NVML_POWER_PROFILE_MEMORY_BOUND: u32 = 3;
+        pub const NVML_POWER_PROFILE_NETWORK: u32 = 4;
+        pub const NVML_POWER_PROFILE_BALANCED: u32 = 5;
+        pub const NVML_POWER_PROFILE_LLM_INFERENCE: u32 = 6;
+        pub const NVML_POWER_PROFILE_LLM_TRAINING: u32 = 7;
+        pub const NVML_POWER_PROFILE_RBM: u32 = 8;
+        pub const NVML_POWER_PROFILE_DCPCIE: u32 = 9;
+        pub const NVML_POWER_PROFILE_HMMA_SPARSE: u32 = 10;
+        pub const NVML_POWER_PROFILE_HMMA_DENSE: u32 = 11;
+        pub const NVML_POWER_PROFILE_SYNC_BALANCED: u32 = 12;
+        pub const NVML_POWER_PROFILE_HPC: u32 = 13;
+        pub const NVML_POWER_PROFILE_MIG: u32 = 14;
+        pub const NVML_POWER_PROFILE_MAX: u32 = 15;
+    }
+    pub mod nvmlTemperatureSensors_enum {
+        pub const NVML_TEMPERATURE_GPU: u32 = 0;
+        pub const NVML_TEMPERATURE_COUNT: u32 = 1;
+    }
+}
+pub mod v13_1 {
+    pub mod CUCoredumpGenerationFlags {
+        pub const CU_COREDUMP_DEFAULT_FLAGS: u32 = 0;
+        pub const CU_COREDUMP_SKIP_NONRELOCATED_ELF_IMAGES: u32 = 1;
+        pub const CU_COREDUMP_SKIP_GLOBAL_MEMORY: u32 = 2;
+        pub const CU_COREDUMP_SKIP_SHARED_MEMORY: u32 = 4;
+        pub const CU_COREDUMP_SKIP_LOCAL_MEMORY: u32 = 8;
+        pub const CU_COREDUMP_SKIP_ABORT: u32 = 16;
+        pub const CU_COREDUMP_SKIP_CONSTBANK_MEMORY: u32 = 32;
+        pub const CU_COREDUMP_GZIP_COMPRESS: u32 = 64;
+        pub const CU_COREDUMP_LIGHTWEIGHT_FLAGS: u32 = 47;
+    }
+    pub mod CUdevice_attribute_enum {
+        pub const CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: u32 = 1;
+        pub const CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X: u32 = 2;
+        pub const CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y: u32 = 3;
+        pub const CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z: u32 = 4;
+        pub const CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X: u32 = 5;
+        pub const CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y: u32 = 6;
+        pub const CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z: u32 = 7;
+        pub const CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK: u32 = 8;
+        pub const CU_DEVICE_ATTRIBUTE_SHARED_MEMORY_PER_BLOCK: u32 = 8;
+        pub const CU_DEVICE_ATTRIBUTE_TOTAL_CONSTANT_MEMORY: u32 = 9;
+        pub const CU_DEVICE_ATTRIBUTE_WARP_SIZE: u32 = 10;
+        pub const CU_DEVICE_ATTRIBUTE_MAX_PITCH: u32 = 11;
+        pub const CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK: u32 = 12;
+        pub const CU_DEVICE_ATTRIBUTE_REGISTERS_PER_BLOCK: u32 = 12;
+        pub const CU_DEVICE_ATTRIBUTE_CLOCK_RATE: u32 = 13;
+        pub const CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT: u32 = 14;
+        pub const CU_DEVICE_ATTRIBUTE_GPU_OVERLAP: u32 = 15;
+        pub const CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: u32 = 16;
+        pub const CU_DEVICE_ATTRIBUTE_KERNEL_EXEC_TIMEOUT: u32 = 17;
+        pub const CU_DEVICE_ATTRIBUTE_INTEGRATED: u32 = 18;
+        pub const CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY: u32 = 19;
+        pub const CU_DEVICE_ATTRIBUTE_COMPUTE_MODE: u32 = 20;
+        pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_WIDTH: u32 = 21;
+        pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_WIDTH: u32 = 22;
+        pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_HEIGHT: u32 = 23;
+        pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_WIDTH: u32 = 24;
+        pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_HEIGHT: u32 = 25;
+        pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_DEPTH: u32 = 26;
+        pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LAYERED_WIDTH: u32 = 27;
+        pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LAYERED_HEIGHT: u32 = 28;
+        pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LAYERED_LAYERS: u32 = 29;
+        pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_ARRAY_WIDTH: u32 = 27;
+        pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_ARRAY_HEIGHT: u32 = 28;
+        pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_ARRAY_NUMSLICES: u32 = 29;
+        pub const CU_DEVICE_ATTRIBUTE_SURFACE_ALIGNMENT: u32 = 30;
+        pub const CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS: u32 = 31;
+        pub const CU_DEVICE_ATTRIBUTE_ECC_ENABLED: u32 = 32;
+        pub const CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: u32 = 33;
+        pub const CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: u32 = 34;
+        pub const CU_DEVICE_ATTRIBUTE_TCC_DRIVER: u32 = 35;
+        pub const CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE: u32 = 36;
+        pub const CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH: u32 = 37;
+        pub const CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE: u32 = 38;
+        pub const CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: u32 = 39;
+        pub const CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT: u32 = 40;
+        pub const CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: u32 = 41;
+        pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_LAYERED_WIDTH: u32 = 42;
+        pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_LAYERED_LAYERS: u32 = 43;
+        pub const CU_DEVICE_ATTRIBUTE_CAN_TEX2D_GATHER: u32 = 44;
+        pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_GATHER_WIDTH: u32 = 45;
+        pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_GATHER_HEIGHT: u32 = 46;
+        pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_WIDTH_ALTERNATE: u32 = 47;
+        pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_HEIGHT_ALTERNATE: u32 = 48;
+        pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_DEPTH_ALTERNATE: u32 = 49;
+        pub const CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID: u32 = 50;
+        pub const CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT: u32 = 51;
+        pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURECUBEMAP_WIDTH: u32 = 52;
+        pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURECUBEMAP_LAYERED_WIDTH: u32 = 53;
+        pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURECUBEMAP_LAYERED_LAYERS: u32 = 54;
+        pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE1D_WIDTH: u32 = 55;
+        pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE2D_WIDTH: u32 = 56;
+        pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE2D_HEIGHT: u32 = 57;
+        pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE3D_WIDTH: u32 = 58;
+        pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE3D_HEIGHT: u32 = 59;
+        pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE3D_DEPTH: u32 = 60;
+        pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE1D_LAYERED_WIDTH: u32 = 61;
+        pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE1D_LAYERED_LAYERS: u32 = 62;
+        pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE2D_LAYERED_WIDTH: u32 = 63;
+        pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE2D_LAYERED_HEIGHT: u32 = 64;
+        pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE2D_LAYERED_LAYERS: u32 = 65;
+        pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACECUBEMAP_WIDTH: u32 = 66;
+        pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACECUBEMAP_LAYERED_WIDTH: u32 = 67;
+        pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACECUBEMAP_LAYERED_LAYERS: u32 = 68;
+        pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_LINEAR_WIDTH: u32 = 69;
+        pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LINEAR_WIDTH: u32 = 70;
+        pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LINEAR_HEIGHT: u32 = 71;
+        pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LINEAR_PITCH: u32 = 72;
+        pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_MIPMAPPED_WIDTH: u32 = 73;
+        pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_MIPMAPPED_HEIGHT: u32 = 74;
+        pub const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: u32 = 75;
+        pub const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: u32 = 76;
+        pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_MIPMAPPED_WIDTH: u32 = 77;
+        pub const CU_DEVICE_ATTRIBUTE_STREAM_PRIORITIES_SUPPORTED: u32 = 78;
+        pub const CU_DEVICE_ATTRIBUTE_GLOBAL_L1_CACHE_SUPPORTED: u32 = 79;
+        pub const CU_DEVICE_ATTRIBUTE_LOCAL_L1_CACHE_SUPPORTED: u32 = 80;
+        pub const CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR: u32 = 81;
+        pub const CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR: u32 = 82;
+        pub const CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY: u32 = 83;
+        pub const CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD: u32 = 84;
+        pub const CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD_GROUP_ID: u32 = 85;
+        pub const CU_DEVICE_ATTRIBUTE_HOST_NATIVE_ATOMIC_SUPPORTED: u32 = 86;
+        pub const CU_DEVICE_ATTRIBUTE_SINGLE_TO_DOUBLE_PRECISION_PERF_RATIO: u32 = 87;
+        pub const CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS: u32 = 88;
+        pub const CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS: u32 = 89;
+        pub const CU_DEVICE_ATTRIBUTE_COMPUTE_PREEMPTION_SUPPORTED: u32 = 90;
+        pub const CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM: u32 = 91;
+        pub const CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1: u32 = 92;
+        pub const CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS_V1: u32 = 93;
+        pub const CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR_V1: u32 = 94;
+        pub const CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH: u32 = 95;
+        pub const CU_DEVICE_ATTRIBUTE_COOPERATIVE_MULTI_DEVICE_LAUNCH: u32 = 96;
+        pub const CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: u32 = 97;
+        pub const CU_DEVICE_ATTRIBUTE_CAN_FLUSH_REMOTE_WRITES: u32 = 98;
+        pub const CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED: u32 = 99;
+        pub const CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES: u32 = 100;
+        pub const CU_DEVICE_ATTRIBUTE_DIRECT_MANAGED_MEM_ACCESS_FROM_HOST: u32 = 101;
+        pub const CU_DEVICE_ATTRIBUTE_VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED: u32 = 102;
+        pub const CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: u32 = 102;
+        pub const CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: u32 = 103;
+        pub const CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_WIN32_HANDLE_SUPPORTED: u32 = 104;
+        pub const CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_WIN32_KMT_HANDLE_SUPPORTED: u32 = 105;
+        pub const CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR: u32 = 106;
+        pub const CU_DEVICE_ATTRIBUTE_GENERIC_COMPRESSION_SUPPORTED: u32 = 107;
+        pub const CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE: u32 = 108;
+        pub const CU_DEVICE_ATTRIBUTE_MAX_ACCESS_POLICY_WINDOW_SIZE: u32 = 109;
+        pub const CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED: u32 = 110;
+        pub const CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK: u32 = 111;
+        pub const CU_DEVICE_ATTRIBUTE_SPARSE_CUDA_ARRAY_SUPPORTED: u32 = 112;
+        pub const CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED: u32 = 113;
+        pub const CU_DEVICE_ATTRIBUTE_TIMELINE_SEMAPHORE_INTEROP_SUPPORTED: u32 = 114;
+        pub const CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: u32 = 115;
+        pub const CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED: u32 = 116;
+        pub const CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS: u32 = 117;
+        pub const CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING: u32 = 118;
+        pub const CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES: u32 = 119;
+        pub const CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH: u32 = 120;
+        pub const CU_DEVICE_ATTRIBUTE_DEFERRED_MAPPING_CUDA_ARRAY_SUPPORTED: u32 = 121;
+        pub const CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS: u32 = 122;
+        pub const CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR: u32 = 123;
+        pub const CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED: u32 = 124;
+        pub const CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED: u32 = 125;
+        pub const CU_DEVICE_ATTRIBUTE_MEM_SYNC_DOMAIN_COUNT: u32 = 126;
+        pub const CU_DEVICE_ATTRIBUTE_TENSOR_MAP_ACCESS_SUPPORTED: u32 = 127;
+        pub const CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED: u32 = 128;
+        pub const CU_DEVICE_ATTRIBUTE_UNIFIED_FUNCTION_POINTERS: u32 = 129;
+        pub const CU_DEVICE_ATTRIBUTE_NUMA_CONFIG: u32 = 130;
+        pub const CU_DEVICE_ATTRIBUTE_NUMA_ID: u32 = 131;
+        pub const CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED: u32 = 132;
+        pub const CU_DEVICE_ATTRIBUTE_MPS_ENABLED: u32 = 133;
+        pub const CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID: u32 = 134;
+        pub const CU_DEVICE_ATTRIBUTE_D3D12_CIG_SUPPORTED: u32 = 135;
+        pub const CU_DEVICE_ATTRIBUTE_MEM_DECOMPRESS_ALGORITHM_MASK: u32 = 136;
+        pub const CU_DEVICE_ATTRIBUTE_MEM_DECOMPRESS_MAXIMUM_LENGTH: u32 = 137;
+        pub const CU_DEVICE_ATTRIBUTE_VULKAN_CIG_SUPPORTED: u32 = 138;
+        pub const CU_DEVICE_ATTRIBUTE_GPU_PCI_DEVICE_ID: u32 = 139;
+        pub const CU_DEVICE_ATTRIBUTE_GPU_PCI_SUBSYSTEM_ID: u32 = 140;
+        pub const CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: u32 = 141;
+        pub const CU_DEVICE_ATTRIBUTE_HOST_NUMA_MEMORY_POOLS_SUPPORTED: u32 = 142;
+        pub const CU_DEVICE_ATTRIBUTE_HOST_NUMA_MULTINODE_IPC_SUPPORTED: u32 = 143;
+        pub const CU_DEVICE_ATTRIBUTE_HOST_MEMORY_POOLS_SUPPORTED: u32 = 144;
+        pub const CU_DEVICE_ATTRIBUTE_HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: u32 = 145;
+        pub const CU_DEVICE_ATTRIBUTE_HOST_ALLOC_DMA_BUF_SUPPORTED: u32 = 146;
+        pub const CU_DEVICE_ATTRIBUTE_ONLY_PARTIAL_HOST_NATIVE_ATOMIC_SUPPORTED: u32 = 147;
+        pub const CU_DEVICE_ATTRIBUTE_ATOMIC_REDUCTION_SUPPORTED: u32 = 148;
+        pub const CU_DEVICE_ATTRIBUTE_MAX: u32 = 149;
+    }
+    pub mod CUfileDriverStatusFlags {
+        pub const CU_FILE_LUSTRE_SUPPORTED: u32 = 0;
+        pub const CU_FILE_WEKAFS_SUPPORTED: u32 = 1;
+        pub const CU_FILE_NFS_SUPPORTED: u32 = 2;
+        pub const CU_FILE_GPFS_SUPPORTED: u32 = 3;
+        pub const CU_FILE_NVME_SUPPORTED: u32 = 4;
+        pub const CU_FILE_NVMEOF_SUPPORTED: u32 = 5;
+        pub const CU_FILE_SCSI_SUPPORTED: u32 = 6;
+        pub const CU_FILE_SCALEFLUX_CSD_SUPPORTED: u32 = 7;
+        pub const CU_FILE_NVMESH_SUPPORTED: u32 = 8;
+        pub const CU_FILE_BEEGFS_SUPPORTED: u32 = 9;
+        pub const CU_FILE_NVME_P2P_SUPPORTED: u32 = 11;
+        pub const CU_FILE_SCATEFS_SUPPORTED: u32 = 12;
+        pub const CU_FILE_VIRTIOFS_SUPPORTED: u32 = 13;
+        pub const CU_FILE_MAX_TARGET_TYPES: u32 = 14;
+    }
+    pub mod CUfunction_attribute_enum {
+        pub const CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: u32 = 0;
+        pub const CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES: u32 = 1;
+        pub const CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES: u32 = 2;
+        pub const CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES: u32 = 3;
+        pub const CU_FUNC_ATTRIBUTE_NUM_REGS: u32 = 4;
+        pub const CU_FUNC_ATTRIBUTE_PTX_VERSION: u32 = 5;
+        pub const CU_FUNC_ATTRIBUTE_BINARY_VERSION: u32 = 6;
+        pub const CU_FUNC_ATTRIBUTE_CACHE_MODE_CA: u32 = 7;
+        pub const CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: u32 = 8;
+        pub const CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT: u32 = 9;
+        pub const CU_FUNC_ATTRIBUTE_CLUSTER_SIZE_MUST_BE_SET: u32 = 10;
+        pub const CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH: u32 = 11;
+        pub const CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT: u32 = 12;
+        pub const CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH: u32 = 13;
+        pub const CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED: u32 = 14;
+        pub const CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE: u32 = 15;
+        pub const CU_FUNC_ATTRIBUTE_MAX: u32 = 16;
+    }
+    pub mod CUlaunchAttributeID_enum {
+        pub const CU_LAUNCH_ATTRIBUTE_IGNORE: u32 = 0;
+        pub const CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW: u32 = 1;
+        pub const CU_LAUNCH_ATTRIBUTE_COOPERATIVE: u32 = 2;
+        pub const CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY: u32 = 3;
+        pub const CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION: u32 = 4;
+        pub const CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE: u32 = 5;
+        pub const CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION: u32 = 6;
+        pub const CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT: u32 = 7;
+        pub const CU_LAUNCH_ATTRIBUTE_PRIORITY: u32 = 8;
+        pub const CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP: u32 = 9;
+        pub const CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN: u32 = 10;
+        pub const CU_LAUNCH_ATTRIBUTE_PREFERRED_CLUSTER_DIMENSION: u32 = 11;
+        pub const CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT: u32 = 12;
+        pub const CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE: u32 = 13;
+        pub const CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT: u32 = 14;
+        pub const CU_LAUNCH_ATTRIBUTE_NVLINK_UTIL_CENTRIC_SCHEDULING: u32 = 16;
+        pub const CU_LAUNCH_ATTRIBUTE_MAX: u32 = 17;
+    }
+    pub mod CUlimit_enum {
+        pub const CU_LIMIT_STACK_SIZE: u32 = 0;
+        pub const CU_LIMIT_PRINTF_FIFO_SIZE: u32 = 1;
+        pub const CU_LIMIT_MALLOC_HEAP_SIZE: u32 = 2;
+        pub const CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH: u32 = 3;
+        pub const CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT: u32 = 4;
+        pub const CU_LIMIT_MAX_L2_FETCH_GRANULARITY: u32 = 5;
+        pub const CU_LIMIT_PERSISTING_L2_CACHE_SIZE: u32 = 6;
+        pub const CU_LIMIT_SHMEM_SIZE: u32 = 7;
+        pub const CU_LIMIT_CIG_ENABLED: u32 = 8;
+        pub const CU_LIMIT_CIG_SHMEM_FALLBACK_ENABLED: u32 = 9;
+        pub const CU_LIMIT_MAX: u32 = 10;
+    }
+    pub mod CUpti_ActivityKind {
+        pub const CUPTI_ACTIVITY_KIND_INVALID: u32 = 0;
+        pub const CUPTI_ACTIVITY_KIND_MEMCPY: u32 = 1;
+        pub const CUPTI_ACTIVITY_KIND_MEMSET: u32 = 2;
+        pub const CUPTI_ACTIVITY_KIND_KERNEL: u32 = 3;
+        pub const CUPTI_ACTIVITY_KIND_DRIVER: u32 = 4;
+        pub const CUPTI_ACTIVITY_KIND_RUNTIME: u32 = 5;
+        pub const CUPTI_ACTIVITY_KIND_EVENT: u32 = 6;
+        pub const CUPTI_ACTIVITY_KIND_METRIC: u32 = 7;
+        pub const CUPTI_ACTIVITY_KIND_DEVICE: u32 = 8;
+        pub const CUPTI_ACTIVITY_KIND_CONTEXT: u32 = 9;
+        pub const CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: u32 = 10;
+        pub const CUPTI_ACTIVITY_KIND_NAME: u32 = 11;
+        pub const CUPTI_ACTIVITY_KIND_MARKER: u32 = 12;
+        pub const CUPTI_ACTIVITY_KIND_MARKER_DATA: u32 = 13;
+        pub const CUPTI_ACTIVITY_KIND_SOURCE_LOCATOR: u32 = 14;
+        pub const CUPTI_ACTIVITY_KIND_GLOBAL_ACCESS: u32 = 15;
+        pub const CUPTI_ACTIVITY_KIND_BRANCH: u32 = 16;
+        pub const CUPTI_ACTIVITY_KIND_OVERHEAD: u32 = 17;
+        pub const CUPTI_ACTIVITY_KIND_CDP_KERNEL: u32 = 18;
+        pub const CUPTI_ACTIVITY_KIND_PREEMPTION: u32 = 19;
+        pub const CUPTI_ACTIVITY_KIND_ENVIRONMENT: u32 = 20;
+        pub const CUPTI_ACTIVITY_KIND_EVENT_INSTANCE: u32 = 21;
+        pub const CUPTI_ACTIVITY_KIND_MEMCPY2: u32 = 22;
+        pub const CUPTI_ACTIVITY_KIND_METRIC_INSTANCE: u32 = 23;
+        pub const CUPTI_ACTIVITY_KIND_INSTRUCTION_EXECUTION: u32 = 24;
+        pub const CUPTI_ACTIVITY_KIND_UNIFIED_MEMORY_COUNTER: u32 = 25;
+        pub const CUPTI_ACTIVITY_KIND_FUNCTION: u32 = 26;
+        pub const CUPTI_ACTIVITY_KIND_MODULE: u32 = 27;
+        pub const CUPTI_ACTIVITY_KIND_DEVICE_ATTRIBUTE: u32 = 28;
+        pub const CUPTI_ACTIVITY_KIND_SHARED_ACCESS: u32 = 29;
+        pub const CUPTI_ACTIVITY_KIND_PC_SAMPLING: u32 = 30;
+        pub const CUPTI_ACTIVITY_KIND_PC_SAMPLING_RECORD_INFO: u32 = 31;
+        pub const CUPTI_ACTIVITY_KIND_INSTRUCTION_CORRELATION: u32 = 32;
+        pub const CUPTI_ACTIVITY_KIND_OPENACC_DATA: u32 = 33;
+        pub const CUPTI_ACTIVITY_KIND_OPENACC_LAUNCH: u32 = 34;
+        pub const CUPTI_ACTIVITY_KIND_OPENACC_OTHER: u32 = 35;
+        pub const CUPTI_ACTIVITY_KIND_CUDA_EVENT: u32 = 36;
+        pub const CUPTI_ACTIVITY_KIND_STREAM: u32 = 37;
+        pub const CUPTI_ACTIVITY_KIND_SYNCHRONIZATION: u32 = 38;
+        pub const CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION: u32 = 39;
+        pub const CUPTI_ACTIVITY_KIND_NVLINK: u32 = 40;
+        pub const CUPTI_ACTIVITY_KIND_INSTANTANEOUS_EVENT: u32 = 41;
+        pub const CUPTI_ACTIVITY_KIND_INSTANTANEOUS_EVENT_INSTANCE: u32 = 42;
+        pub const CUPTI_ACTIVITY_KIND_INSTANTANEOUS_METRIC: u32 = 43;
+        pub const CUPTI_ACTIVITY_KIND_INSTANTANEOUS_METRIC_INSTANCE: u32 = 44;
+        pub const CUPTI_ACTIVITY_KIND_MEMORY: u32 = 45;
+        pub const CUPTI_ACTIVITY_KIND_PCIE: u32 = 46;
+        pub const CUPTI_ACTIVITY_KIND_OPENMP: u32 = 47;
+        pub const CUPTI_ACTIVITY_KIND_INTERNAL_LAUNCH_API: u32 = 48;
+        pub const CUPTI_ACTIVITY_KIND_MEMORY2: u32 = 49;
+        pub const CUPTI_ACTIVITY_KIND_MEMORY_POOL: u32 = 50;
+        pub const CUPTI_ACTIVITY_KIND_GRAPH_TRACE: u32 = 51;
+        pub const CUPTI_ACTIVITY_KIND_JIT: u32 = 52;
+        pub const CUPTI_ACTIVITY_KIND_DEVICE_GRAPH_TRACE: u32 = 53;
+        pub const CUPTI_ACTIVITY_KIND_MEM_DECOMPRESS: u32 = 54;
+        pub const CUPTI_ACTIVITY_KIND_CONFIDENTIAL_COMPUTE_ROTATION: u32 = 55;
+        pub const CUPTI_ACTIVITY_KIND_GRAPH_HOST_NODE: u32 = 56;
+        pub const CUPTI_ACTIVITY_KIND_COMPUTE_ENGINE_CTX_SWITCH: u32 = 57;
+        pub const CUPTI_ACTIVITY_KIND_HOST_LAUNCH: u32 = 58;
+        pub const CUPTI_ACTIVITY_KIND_COUNT: u32 = 59;
+        pub const CUPTI_ACTIVITY_KIND_FORCE_INT: u32 = 2147483647;
+    }
+    pub mod CUpti_CallbackIdResource {
+        pub const CUPTI_CBID_RESOURCE_INVALID: u32 = 0;
+        pub const CUPTI_CBID_RESOURCE_CONTEXT_CREATED: u32 = 1;
+        pub const CUPTI_CBID_RESOURCE_CONTEXT_DESTROY_STARTING: u32 = 2;
+        pub const CUPTI_CBID_RESOURCE_STREAM_CREATED: u32 = 3;
+        pub const CUPTI_CBID_RESOURCE_STREAM_DESTROY_STARTING: u32 = 4;
+        pub const CUPTI_CBID_RESOURCE_CU_INIT_FINISHED: u32 = 5;
+        pub const CUPTI_CBID_RESOURCE_MODULE_LOADED: u32 = 6;
+        pub const CUPTI_CBID_RESOURCE_MODULE_UNLOAD_STARTING: u32 = 7;
+        pub const CUPTI_CBID_RESOURCE_MODULE_PROFILED: u32 = 8;
+        pub const CUPTI_CBID_RESOURCE_GRAPH_CREATED: u32 = 9;
+        pub const CUPTI_CBID_RESOURCE_GRAPH_DESTROY_STARTING: u32 = 10;
+        pub const CUPTI_CBID_RESOURCE_GRAPH_CLONED: u32 = 11;
+        pub const CUPTI_CBID_RESOURCE_GRAPHNODE_CREATE_STARTING: u32 = 12;
+        pub const CUPTI_CBID_RESOURCE_GRAPHNODE_CREATED: u32 = 13;
+        pub const CUPTI_CBID_RESOURCE_GRAPHNODE_DESTROY_STARTING: u32 = 14;
+        pub const CUPTI_CBID_RESOURCE_GRAPHNODE_DEPENDENCY_CREATED: u32 = 15;
+        pub const CUPTI_CBID_RESOURCE_GRAPHNODE_DEPENDENCY_DESTROY_STARTING: u32 = 16;
+        pub const CUPTI_CBID_RESOURCE_GRAPHEXEC_CREATE_STARTING: u32 = 17;
+        pub const CUPTI_CBID_RESOURCE_GRAPHEXEC_CREATED: u32 = 18;
+        pub const CUPTI_CBID_RESOURCE_GRAPHEXEC_DESTROY_STARTING: u32 = 19;
+        pub const CUPTI_CBID_RESOURCE_GRAPHNODE_CLONED: u32 = 20;
+        pub const CUPTI_CBID_RESOURCE_STREAM_ATTRIBUTE_CHANGED: u32 = 21;
+        pub const CUPTI_CBID_RESOURCE_GRAPH_NODE_UPDATED: u32 = 22;
+        pub const CUPTI_CBID_RESOURCE_GRAPH_NODE_SET_PARAMS: u32 = 23;
+        pub const CUPTI_CBID_RESOURCE_SIZE: u32 = 24;
+        pub const CUPTI_CBID_RESOURCE_FORCE_INT: u32 = 2147483647;
+    }
+    pub mod cublasLtMatmulMatrixScale_t {
+        pub const CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F: u32 = 0;
+        pub const CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3: u32 = 1;
+        pub const CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0: u32 = 2;
+        pub const CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F: u32 = 3;
+        pub const CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F: u32 = 4;
+        pub const CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F: u32 = 5;
+        pub const CUBLASLT_MATMUL_MATRIX_SCALE_END: u32 = 6;
+    }
+    pub mod cublasLtMatmulTile_t {
+        pub const CUBLASLT_MATMUL_TILE_UNDEFINED: u32 = 0;
+        pub const CUBLASLT_MATMUL_TILE_8x8: u32 = 1;
+        pub const CUBLASLT_MATMUL_TILE_8x16: u32 = 2;
+        pub const CUBLASLT_MATMUL_TILE_16x8: u32 = 3;
+        pub const CUBLASLT_MATMUL_TILE_8x32: u32 = 4;
+        pub const CUBLASLT_MATMUL_TILE_16x16: u32 = 5;
+        pub const CUBLASLT_MATMUL_TILE_32x8: u32 = 6;
+        pub const CUBLASLT_MATMUL_TILE_8x64: u32 = 7;
+        pub const CUBLASLT_MATMUL_TILE_16x32: u32 = 8;
+        pub const CUBLASLT_MATMUL_TILE_32x16: u32 = 9;
+        pub const CUBLASLT_MATMUL_TILE_64x8: u32 = 10;
+        pub const CUBLASLT_MATMUL_TILE_32x32: u32 = 11;
+        pub const CUBLASLT_MATMUL_TILE_32x64: u32 = 12;
+        pub const CUBLASLT_MATMUL_TILE_64x32: u32 = 13;
+        pub const CUBLASLT_MATMUL_TILE_32x128: u32 = 14;
+        pub const CUBLASLT_MATMUL_TILE_64x64: u32 = 15;
+        pub const CUBLASLT_MATMUL_TILE_128x32: u32 = 16;
+        pub const CUBLASLT_MATMUL_TILE_64x128: u32 = 17;
+        pub const CUBLASLT_MATMUL_TILE_128x64: u32 = 18;
+        pub const CUBLASLT_MATMUL_TILE_64x256: u32 = 19;
+        pub const CUBLASLT_MATMUL_TILE_128x128: u32 = 20;
+        pub const CUBLASLT_MATMUL_TILE_256x64: u32 = 21;
+        pub const CUBLASLT_MATMUL_TILE_64x512: u32 = 22;
+        pub const CUBLASLT_MATMUL_TILE_128x256: u32 = 23;
+        pub const CUBLASLT_MATMUL_TILE_256x128: u32 = 24;
+        pub const CUBLASLT_MATMUL_TILE_512x64: u32 = 25;
+        pub const CUBLASLT_MATMUL_TILE_64x96: u32 = 26;
+        pub const CUBLASLT_MATMUL_TILE_96x64: u32 = 27;
+        pub const CUBLASLT_MATMUL_TILE_96x128: u32 = 28;
+        pub const CUBLASLT_MATMUL_TILE_128x160: u32 = 29;
+        pub const CUBLASLT_MATMUL_TILE_160x128: u32 = 30;
+        pub const CUBLASLT_MATMUL_TILE_192x128: u32 = 31;
+        pub const CUBLASLT_MATMUL_TILE_128x192: u32 = 32;
+        pub const CUBLASLT_MATMUL_TILE_128x96: u32 = 33;
+        pub const CUBLASLT_MATMUL_TILE_32x256: u32 = 34;
+        pub const CUBLASLT_MATMUL_TILE_256x32: u32 = 35;
+        pub const CUBLASLT_MATMUL_TILE_8x128: u32 = 36;
+        pub const CUBLASLT_MATMUL_TILE_8x192: u32 = 37;
+        pub const CUBLASLT_MATMUL_TILE_8x256: u32 = 38;
+        pub const CUBLASLT_MATMUL_TILE_8x320: u32 = 39;
+        pub const CUBLASLT_MATMUL_TILE_8x384: u32 = 40;
+        pub const CUBLASLT_MATMUL_TILE_8x448: u32 = 41;
+        pub const CUBLASLT_MATMUL_TILE_8x512: u32 = 42;
+        pub const CUBLASLT_MATMUL_TILE_8x576: u32 = 43;
+        pub const CUBLASLT_MATMUL_TILE_8x640: u32 = 44;
+        pub const CUBLASLT_MATMUL_TILE_8x704: u32 = 45;
+        pub const CUBLASLT_MATMUL_TILE_8x768: u32 = 46;
+        pub const CUBLASLT_MATMUL_TILE_16x64: u32 = 47;
+        pub const CUBLASLT_MATMUL_TILE_16x128: u32 = 48;
+        pub const CUBLASLT_MATMUL_TILE_16x192: u32 = 49;
+        pub const CUBLASLT_MATMUL_TILE_16x256: u32 = 50;
+        pub const CUBLASLT_MATMUL_TILE_16x320: u32 = 51;
+        pub const CUBLASLT_MATMUL_TILE_16x384: u32 = 52;
+        pub const CUBLASLT_MATMUL_TILE_16x448: u32 = 53;
+        pub const CUBLASLT_MATMUL_TILE_16x512: u32 = 54;
+        pub const CUBLASLT_MATMUL_TILE_16x576: u32 = 55;
+        pub const CUBLASLT_MATMUL_TILE_16x640: u32 = 56;
+        pub const CUBLASLT_MATMUL_TILE_16x704: u32 = 57;
+        pub const CUBLASLT_MATMUL_TILE_16x768: u32 = 58;
+        pub const CUBLASLT_MATMUL_TILE_24x64: u32 = 59;
+        pub const CUBLASLT_MATMUL_TILE_24x128: u32 = 60;
+        pub const CUBLASLT_MATMUL_TILE_24x192: u32 = 61;
+        pub const CUBLASLT_MATMUL_TILE_24x256: u32 = 62;
+        pub const CUBLASLT_MATMUL_TILE_24x320: u32 = 63;
+        pub const CUBLASLT_MATMUL_TILE_24x384: u32 = 64;
+        pub const CUBLASLT_MATMUL_TILE_24x448: u32 = 65;
+        pub const CUBLASLT_MATMUL_TILE_24x512: u32 = 66;
+        pub const CUBLASLT_MATMUL_TILE_24x576: u32 = 67;
+        pub const CUBLASLT_MATMUL_TILE_24x640: u32 = 68;
+        pub const CUBLASLT_MATMUL_TILE_24x704: u32 = 69;
+        pub const CUBLASLT_MATMUL_TILE_24x768: u32 = 70;
+        pub const CUBLASLT_MATMUL_TILE_32x192: u32 = 71;
+        pub const CUBLASLT_MATMUL_TILE_32x320: u32 = 72;
+        pub const CUBLASLT_MATMUL_TILE_32x384: u32 = 73;
+        pub const CUBLASLT_MATMUL_TILE_32x448: u32 = 74;
+        pub const CUBLASLT_MATMUL_TILE_32x512: u32 = 75;
+        pub const CUBLASLT_MATMUL_TILE_32x576: u32 = 76;
+        pub const CUBLASLT_MATMUL_TILE_32x640: u32 = 77;
+        pub const CUBLASLT_MATMUL_TILE_32x704: u32 = 78;
+        pub const CUBLASLT_MATMUL_TILE_32x768: u32 = 79;
+        pub const CUBLASLT_MATMUL_TILE_40x64: u32 = 80;
+        pub const CUBLASLT_MATMUL_TILE_40x128: u32 = 81;
+        pub const CUBLASLT_MATMUL_TILE_40x192: u32 = 82;
+        pub const CUBLASLT_MATMUL_TILE_40x256: u32 = 83;
+        pub const CUBLASLT_MATMUL_TILE_40x320: u32 = 84;
+        pub const CUBLASLT_MATMUL_TILE_40x384: u32 = 85;
+        pub const CUBLASLT_MATMUL_TILE_40x448: u32 = 86;
+        pub const CUBLASLT_MATMUL_TILE_40x512: u32 = 87;
+        pub const CUBLASLT_MATMUL_TILE_40x576: u32 = 88;
+        pub const CUBLASLT_MATMUL_TILE_40x640: u32 = 89;
+        pub const CUBLASLT_MATMUL_TILE_40x704: u32 = 90;
+        pub const CUBLASLT_MATMUL_TILE_40x768: u32 = 91;
+        pub const CUBLASLT_MATMUL_TILE_48x64: u32 = 92;
+        pub const CUBLASLT_MATMUL_TILE_48x128: u32 = 93;
+        pub const CUBLASLT_MATMUL_TILE_48x192: u32 = 94;
+        pub const CUBLASLT_MATMUL_TILE_48x256: u32 = 95;
+        pub const CUBLASLT_MATMUL_TILE_48x320: u32 = 96;
+        pub const CUBLASLT_MATMUL_TILE_48x384: u32 = 97;
+        pub const CUBLASLT_MATMUL_TILE_48x448: u32 = 98;
+        pub const CUBLASLT_MATMUL_TILE_48x512: u32 = 99;
+        pub const CUBLASLT_MATMUL_TILE_48x576: u32 = 100;
+        pub const CUBLASLT_MATMUL_TILE_48x640: u32 = 101;
+        pub const CUBLASLT_MATMUL_TILE_48x704: u32 = 102;
+        pub const CUBLASLT_MATMUL_TILE_48x768: u32 = 103;
+        pub const CUBLASLT_MATMUL_TILE_56x64: u32 = 104;
+        pub const CUBLASLT_MATMUL_TILE_56x128: u32 = 105;
+        pub const CUBLASLT_MATMUL_TILE_56x192: u32 = 106;
+        pub const CUBLASLT_MATMUL_TILE_56x256: u32 = 107;
+        pub const CUBLASLT_MATMUL_TILE_56x320: u32 = 108;
+        pub const CUBLASLT_MATMUL_TILE_56x384: u32 = 109;
+        pub const CUBLASLT_MATMUL_TILE_56x448: u32 = 110;
+        pub const CUBLASLT_MATMUL_TILE_56x512: u32 = 111;
+        pub const CUBLASLT_MATMUL_TILE_56x576: u32 = 112;
+        pub const CUBLASLT_MATMUL_TILE_56x640: u32 = 113;
+        pub const CUBLASLT_MATMUL_TILE_56x704: u32 = 114;
+        pub const CUBLASLT_MATMUL_TILE_56x768: u32 = 115;
+        pub const CUBLASLT_MATMUL_TILE_64x192: u32 = 116;
+        pub const CUBLASLT_MATMUL_TILE_64x320: u32 = 117;
+        pub const CUBLASLT_MATMUL_TILE_64x384: u32 = 118;
+        pub const CUBLASLT_MATMUL_TILE_64x448: u32 = 119;
+        pub const CUBLASLT_MATMUL_TILE_64x576: u32 = 120;
+        pub const CUBLASLT_MATMUL_TILE_64x640: u32 = 121;
+        pub const CUBLASLT_MATMUL_TILE_64x704: u32 = 122;
+        pub const CUBLASLT_MATMUL_TILE_64x768: u32 = 123;
+        pub const CUBLASLT_MATMUL_TILE_72x64: u32 = 124;
+        pub const CUBLASLT_MATMUL_TILE_72x128: u32 = 125;
+        pub const CUBLASLT_MATMUL_TILE_72x192: u32 = 126;
+        pub const CUBLASLT_MATMUL_TILE_72x256: u32 = 127;
+        pub const CUBLASLT_MATMUL_TILE_72x320: u32 = 128;
+        pub const CUBLASLT_MATMUL_TILE_72x384: u32 = 129;
+        pub const CUBLASLT_MATMUL_TILE_72x448: u32 = 130;
+        pub const CUBLASLT_MATMUL_TILE_72x512: u32 = 131;
+        pub const CUBLASLT_MATMUL_TILE_72x576: u32 = 132;
+        pub const CUBLASLT_MATMUL_TILE_72x640: u32 = 133;
+        pub const CUBLASLT_MATMUL_TILE_80x64: u32 = 134;
+        pub const CUBLASLT_MATMUL_TILE_80x128: u32 = 135;
+        pub const CUBLASLT_MATMUL_TILE_80x192: u32 = 136;
+        pub const CUBLASLT_MATMUL_TILE_80x256: u32 = 137;
+        pub const CUBLASLT_MATMUL_TILE_80x320: u32 = 138;
+        pub const CUBLASLT_MATMUL_TILE_80x384: u32 = 139;
+        pub const CUBLASLT_MATMUL_TILE_80x448: u32 = 140;
+        pub const CUBLASLT_MATMUL_TILE_80x512: u32 = 141;
+        pub const CUBLASLT_MATMUL_TILE_80x576: u32 = 142;
+        pub const CUBLASLT_MATMUL_TILE_88x64: u32 = 143;
+        pub const CUBLASLT_MATMUL_TILE_88x128: u32 = 144;
+        pub const CUBLASLT_MATMUL_TILE_88x192: u32 = 145;
+        pub const CUBLASLT_MATMUL_TILE_88x256: u32 = 146;
+        pub const CUBLASLT_MATMUL_TILE_88x320: u32 = 147;
+        pub const CUBLASLT_MATMUL_TILE_88x384: u32 = 148;
+        pub const CUBLASLT_MATMUL_TILE_88x448: u32 = 149;
+        pub const CUBLASLT_MATMUL_TILE_88x512: u32 = 150;
+        pub const CUBLASLT_MATMUL_TILE_96x192: u32 = 151;
+        pub const CUBLASLT_MATMUL_TILE_96x256: u32 = 152;
+        pub const CUBLASLT_MATMUL_TILE_96x320: u32 = 153;
+        pub const CUBLASLT_MATMUL_TILE_96x384: u32 = 154;
+        pub const CUBLASLT_MATMUL_TILE_96x448: u32 = 155;
+        pub const CUBLASLT_MATMUL_TILE_96x512: u32 = 156;
+        pub const CUBLASLT_MATMUL_TILE_104x64: u32 = 157;
+        pub const CUBLASLT_MATMUL_TILE_104x128: u32 = 158;
+        pub const CUBLASLT_MATMUL_TILE_104x192: u32 = 159;
+        pub const CUBLASLT_MATMUL_TILE_104x256: u32 = 160;
+        pub const CUBLASLT_MATMUL_TILE_104x320: u32 = 161;
+        pub const CUBLASLT_MATMUL_TILE_104x384: u32 = 162;
+        pub const CUBLASLT_MATMUL_TILE_104x448: u32 = 163;
+        pub const CUBLASLT_MATMUL_TILE_112x64: u32 = 164;
+        pub const CUBLASLT_MATMUL_TILE_112x128: u32 = 165;
+        pub const CUBLASLT_MATMUL_TILE_112x192: u32 = 166;
+        pub const CUBLASLT_MATMUL_TILE_112x256: u32 = 167;
+        pub const CUBLASLT_MATMUL_TILE_112x320: u32 = 168;
+        pub const CUBLASLT_MATMUL_TILE_112x384: u32 = 169;
+        pub const CUBLASLT_MATMUL_TILE_120x64: u32 = 170;
+        pub const CUBLASLT_MATMUL_TILE_120x128: u32 = 171;
+        pub const CUBLASLT_MATMUL_TILE_120x192: u32 = 172;
+        pub const CUBLASLT_MATMUL_TILE_120x256: u32 = 173;
+        pub const CUBLASLT_MATMUL_TILE_120x320: u32 = 174;
+        pub const CUBLASLT_MATMUL_TILE_120x384: u32 = 175;
+        pub const CUBLASLT_MATMUL_TILE_128x320: u32 = 176;
+        pub const CUBLASLT_MATMUL_TILE_128x384: u32 = 177;
+        pub const CUBLASLT_MATMUL_TILE_136x64: u32 = 178;
+        pub const CUBLASLT_MATMUL_TILE_136x128: u32 = 179;
+        pub const CUBLASLT_MATMUL_TILE_136x192: u32 = 180;
+        pub const CUBLASLT_MATMUL_TILE_136x256: u32 = 181;
+        pub const CUBLASLT_MATMUL_TILE_136x320: u32 = 182;
+        pub const CUBLASLT_MATMUL_TILE_144x64: u32 = 183;
+        pub const CUBLASLT_MATMUL_TILE_144x128: u32 = 184;
+        pub const CUBLASLT_MATMUL_TILE_144x192: u32 = 185;
+        pub const CUBLASLT_MATMUL_TILE_144x256: u32 = 186;
+        pub const CUBLASLT_MATMUL_TILE_144x320: u32 = 187;
+        pub const CUBLASLT_MATMUL_TILE_152x64: u32 = 188;
+        pub const CUBLASLT_MATMUL_TILE_152x128: u32 = 189;
+        pub const CUBLASLT_MATMUL_TILE_152x192: u32 = 190;
+        pub const CUBLASLT_MATMUL_TILE_152x256: u32 = 191;
+        pub const CUBLASLT_MATMUL_TILE_152x320: u32 = 192;
+        pub const CUBLASLT_MATMUL_TILE_160x64: u32 = 193;
+        pub const CUBLASLT_MATMUL_TILE_160x192: u32 = 194;
+        pub const CUBLASLT_MATMUL_TILE_160x256: u32 = 195;
+        pub const CUBLASLT_MATMUL_TILE_168x64: u32 = 196;
+        pub const CUBLASLT_MATMUL_TILE_168x128: u32 = 197;
+        pub const CUBLASLT_MATMUL_TILE_168x192: u32 = 198;
+        pub const CUBLASLT_MATMUL_TILE_168x256: u32 = 199;
+        pub const CUBLASLT_MATMUL_TILE_176x64: u32 = 200;
+        pub const CUBLASLT_MATMUL_TILE_176x128: u32 = 201;
+        pub const CUBLASLT_MATMUL_TILE_176x192: u32 = 202;
+        pub const CUBLASLT_MATMUL_TILE_176x256: u32 = 203;
+        pub const CUBLASLT_MATMUL_TILE_184x64: u32 = 204;
+        pub const CUBLASLT_MATMUL_TILE_184x128: u32 = 205;
+        pub const CUBLASLT_MATMUL_TILE_184x192: u32 = 206;
+        pub const CUBLASLT_MATMUL_TILE_184x256: u32 = 207;
+        pub const CUBLASLT_MATMUL_TILE_192x64: u32 = 208;
+        pub const CUBLASLT_MATMUL_TILE_192x192: u32 = 209;
+        pub const CUBLASLT_MATMUL_TILE_192x256: u32 = 210;
+        pub const CUBLASLT_MATMUL_TILE_200x64: u32 = 211;
+        pub const CUBLASLT_MATMUL_TILE_200x128: u32 = 212;
+        pub const CUBLASLT_MATMUL_TILE_200x192: u32 = 213;
+        pub const CUBLASLT_MATMUL_TILE_208x64: u32 = 214;
+        pub const CUBLASLT_MATMUL_TILE_208x128: u32 = 215;
+        pub const CUBLASLT_MATMUL_TILE_208x192: u32 = 216;
+        pub const CUBLASLT_MATMUL_TILE_216x64: u32 = 217;
+        pub const CUBLASLT_MATMUL_TILE_216x128: u32 = 218;
+        pub const CUBLASLT_MATMUL_TILE_216x192: u32 = 219;
+        pub const CUBLASLT_MATMUL_TILE_224x64: u32 = 220;
+        pub const CUBLASLT_MATMUL_TILE_224x128: u32 = 221;
+        pub const CUBLASLT_MATMUL_TILE_224x192: u32 = 222;
+        pub const CUBLASLT_MATMUL_TILE_232x64: u32 = 223;
+        pub const CUBLASLT_MATMUL_TILE_232x128: u32 = 224;
+        pub const CUBLASLT_MATMUL_TILE_232x192: u32 = 225;
+        pub const CUBLASLT_MATMUL_TILE_240x64: u32 = 226;
+        pub const CUBLASLT_MATMUL_TILE_240x128: u32 = 227;
+        pub const CUBLASLT_MATMUL_TILE_240x192: u32 = 228;
+        pub const CUBLASLT_MATMUL_TILE_248x64: u32 = 229;
+        pub const CUBLASLT_MATMUL_TILE_248x128: u32 = 230;
+        pub const CUBLASLT_MATMUL_TILE_248x192: u32 = 231;
+        pub const CUBLASLT_MATMUL_TILE_256x192: u32 = 232;
+        pub const CUBLASLT_MATMUL_TILE_264x64: u32 = 233;
+        pub const CUBLASLT_MATMUL_TILE_264x128: u32 = 234;
+        pub const CUBLASLT_MATMUL_TILE_272x64: u32 = 235;
+        pub const CUBLASLT_MATMUL_TILE_272x128: u32 = 236;
+        pub const CUBLASLT_MATMUL_TILE_280x64: u32 = 237;
+        pub const CUBLASLT_MATMUL_TILE_280x128: u32 = 238;
+        pub const CUBLASLT_MATMUL_TILE_288x64: u32 = 239;
+        pub const CUBLASLT_MATMUL_TILE_288x128: u32 = 240;
+        pub const CUBLASLT_MATMUL_TILE_296x64: u32 = 241;
+        pub const CUBLASLT_MATMUL_TILE_296x128: u32 = 242;
+        pub const CUBLASLT_MATMUL_TILE_304x64: u32 = 243;
+        pub const CUBLASLT_MATMUL_TILE_304x128: u32 = 244;
+        pub const CUBLASLT_MATMUL_TILE_312x64: u32 = 245;
+        pub const CUBLASLT_MATMUL_TILE_312x128: u32 = 246;
+        pub const CUBLASLT_MATMUL_TILE_320x64: u32 = 247;
+        pub const CUBLASLT_MATMUL_TILE_320x128: u32 = 248;
+        pub const CUBLASLT_MATMUL_TILE_328x64: u32 = 249;
+        pub const CUBLASLT_MATMUL_TILE_328x128: u32 = 250;
+        pub const CUBLASLT_MATMUL_TILE_336x64: u32 = 251;
+        pub const CUBLASLT_MATMUL_TILE_336x128: u32 = 252;
+        pub const CUBLASLT_MATMUL_TILE_344x64: u32 = 253;
+        pub const CUBLASLT_MATMUL_TILE_344x128: u32 = 254;
+        pub const CUBLASLT_MATMUL_TILE_352x64: u32 = 255;
+        pub const CUBLASLT_MATMUL_TILE_352x128: u32 = 256;
+        pub const CUBLASLT_MATMUL_TILE_360x64: u32 = 257;
+        pub const CUBLASLT_MATMUL_TILE_360x128: u32 = 258;
+        pub const CUBLASLT_MATMUL_TILE_368x64: u32 = 259;
+        pub const CUBLASLT_MATMUL_TILE_368x128: u32 = 260;
+        pub const CUBLASLT_MATMUL_TILE_376x64: u32 = 261;
+        pub const CUBLASLT_MATMUL_TILE_376x128: u32 = 262;
+        pub const CUBLASLT_MATMUL_TILE_384x64: u32 = 263;
+        pub const CUBLASLT_MATMUL_TILE_384x128: u32 = 264;
+        pub const CUBLASLT_MATMUL_TILE_392x64: u32 = 265;
+        pub const CUBLASLT_MATMUL_TILE_400x64: u32 = 266;
+        pub const CUBLASLT_MATMUL_TILE_408x64: u32 = 267;
+        pub const CUBLASLT_MATMUL_TILE_416x64: u32 = 268;
+        pub const CUBLASLT_MATMUL_TILE_424x64: u32 = 269;
+        pub const CUBLASLT_MATMUL_TILE_432x64: u32 = 270;
+        pub const CUBLASLT_MATMUL_TILE_440x64: u32 = 271;
+        pub const CUBLASLT_MATMUL_TILE_448x64: u32 = 272;
+        pub const CUBLASLT_MATMUL_TILE_456x64: u32 = 273;
+        pub const CUBLASLT_MATMUL_TILE_464x64: u32 = 274;
+        pub const CUBLASLT_MATMUL_TILE_472x64: u32 = 275;
+        pub const CUBLASLT_MATMUL_TILE_480x64: u32 = 276;
+        pub const CUBLASLT_MATMUL_TILE_488x64: u32 = 277;
+        pub const CUBLASLT_MATMUL_TILE_496x64: u32 = 278;
+        pub const CUBLASLT_MATMUL_TILE_504x64: u32 = 279;
+        pub const CUBLASLT_MATMUL_TILE_520x64: u32 = 280;
+        pub const CUBLASLT_MATMUL_TILE_528x64: u32 = 281;
+        pub const CUBLASLT_MATMUL_TILE_536x64: u32 = 282;
+        pub const CUBLASLT_MATMUL_TILE_544x64: u32 = 283;
+        pub const CUBLASLT_MATMUL_TILE_552x64: u32 = 284;
+        pub const CUBLASLT_MATMUL_TILE_560x64: u32 = 285;
+        pub const CUBLASLT_MATMUL_TILE_568x64: u32 = 286;
+        pub const CUBLASLT_MATMUL_TILE_576x64: u32 = 287;
+        pub const CUBLASLT_MATMUL_TILE_584x64: u32 = 288;
+        pub const CUBLASLT_MATMUL_TILE_592x64: u32 = 289;
+        pub const CUBLASLT_MATMUL_TILE_600x64: u32 = 290;
+        pub const CUBLASLT_MATMUL_TILE_608x64: u32 = 291;
+        pub const CUBLASLT_MATMUL_TILE_616x64: u32 = 292;
+        pub const CUBLASLT_MATMUL_TILE_624x64: u32 = 293;
+        pub const CUBLASLT_MATMUL_TILE_632x64: u32 = 294;
+        pub const CUBLASLT_MATMUL_TILE_640x64: u32 = 295;
+        pub const CUBLASLT_MATMUL_TILE_648x64: u32 = 296;
+        pub const CUBLASLT_MATMUL_TILE_656x64: u32 = 297;
+        pub const CUBLASLT_MATMUL_TILE_664x64: u32 = 298;
+        pub const CUBLASLT_MATMUL_TILE_672x64: u32 = 299;
+        pub const CUBLASLT_MATMUL_TILE_680x64: u32 = 300;
+        pub const CUBLASLT_MATMUL_TILE_688x64: u32 = 301;
+        pub const CUBLASLT_MATMUL_TILE_696x64: u32 = 302;
+        pub const CUBLASLT_MATMUL_TILE_704x64: u32 = 303;
+        pub const CUBLASLT_MATMUL_TILE_712x64: u32 = 304;
+        pub const CUBLASLT_MATMUL_TILE_720x64: u32 = 305;
+        pub const CUBLASLT_MATMUL_TILE_728x64: u32 = 306;
+        pub const CUBLASLT_MATMUL_TILE_736x64: u32 = 307;
+        pub const CUBLASLT_MATMUL_TILE_744x64: u32 = 308;
+        pub const CUBLASLT_MATMUL_TILE_752x64: u32 = 309;
+        pub const CUBLASLT_MATMUL_TILE_760x64: u32 = 310;
+        pub const CUBLASLT_MATMUL_TILE_768x64: u32 = 311;
+        pub const CUBLASLT_MATMUL_TILE_64x16: u32 = 312;
+        pub const CUBLASLT_MATMUL_TILE_64x24: u32 = 313;
+        pub const CUBLASLT_MATMUL_TILE_64x40: u32 = 314;
+        pub const CUBLASLT_MATMUL_TILE_64x48: u32 = 315;
+        pub const CUBLASLT_MATMUL_TILE_64x56: u32 = 316;
+        pub const CUBLASLT_MATMUL_TILE_64x72: u32 = 317;
+        pub const CUBLASLT_MATMUL_TILE_64x80: u32 = 318;
+        pub const CUBLASLT_MATMUL_TILE_64x88: u32 = 319;
+        pub const CUBLASLT_MATMUL_TILE_64x104: u32 = 320;
+        pub const CUBLASLT_MATMUL_TILE_64x112: u32 = 321;
+        pub const CUBLASLT_MATMUL_TILE_64x120: u32 = 322;
+        pub const CUBLASLT_MATMUL_TILE_64x136: u32 = 323;
+        pub const CUBLASLT_MATMUL_TILE_64x144: u32 = 324;
+        pub const CUBLASLT_MATMUL_TILE_64x152: u32 = 325;
+        pub const CUBLASLT_MATMUL_TILE_64x160: u32 = 326;
+        pub const CUBLASLT_MATMUL_TILE_64x168: u32 = 327;
+        pub const CUBLASLT_MATMUL_TILE_64x176: u32 = 328;
+        pub const CUBLASLT_MATMUL_TILE_64x184: u32 = 329;
+        pub const CUBLASLT_MATMUL_TILE_64x200: u32 = 330;
+        pub const CUBLASLT_MATMUL_TILE_64x208: u32 = 331;
+        pub const CUBLASLT_MATMUL_TILE_64x216: u32 = 332;
+        pub const CUBLASLT_MATMUL_TILE_64x224: u32 = 333;
+        pub const CUBLASLT_MATMUL_TILE_64x232: u32 = 334;
+        pub const CUBLASLT_MATMUL_TILE_64x240: u32 = 335;
+        pub const CUBLASLT_MATMUL_TILE_64x248: u32 = 336;
+        pub const CUBLASLT_MATMUL_TILE_64x264: u32 = 337;
+        pub const CUBLASLT_MATMUL_TILE_64x272: u32 = 338;
+        pub const CUBLASLT_MATMUL_TILE_64x280: u32 = 339;
+        pub const CUBLASLT_MATMUL_TILE_64x288: u32 = 340;
+        pub const CUBLASLT_MATMUL_TILE_64x296: u32 = 341;
+        pub const CUBLASLT_MATMUL_TILE_64x304: u32 = 342;
+        pub const CUBLASLT_MATMUL_TILE_64x312: u32 = 343;
+        pub const CUBLASLT_MATMUL_TILE_64x328: u32 = 344;
+        pub const CUBLASLT_MATMUL_TILE_64x336: u32 = 345;
+        pub const CUBLASLT_MATMUL_TILE_64x344: u32 = 346;
+        pub const CUBLASLT_MATMUL_TILE_64x352: u32 = 347;
+        pub const CUBLASLT_MATMUL_TILE_64x360: u32 = 348;
+        pub const CUBLASLT_MATMUL_TILE_64x368: u32 = 349;
+        pub const CUBLASLT_MATMUL_TILE_64x376: u32 = 350;
+        pub const CUBLASLT_MATMUL_TILE_64x392: u32 = 351;
+        pub const CUBLASLT_MATMUL_TILE_64x400: u32 = 352;
+        pub const CUBLASLT_MATMUL_TILE_64x408: u32 = 353;
+        pub const CUBLASLT_MATMUL_TILE_64x416: u32 = 354;
+        pub const CUBLASLT_MATMUL_TILE_64x424: u32 = 355;
+        pub const CUBLASLT_MATMUL_TILE_64x432: u32 = 356;
+        pub const CUBLASLT_MATMUL_TILE_64x440: u32 = 357;
+        pub const CUBLASLT_MATMUL_TILE_64x456: u32 = 358;
+        pub const CUBLASLT_MATMUL_TILE_64x464: u32 = 359;
+        pub const CUBLASLT_MATMUL_TILE_64x472: u32 = 360;
+        pub const CUBLASLT_MATMUL_TILE_64x480: u32 = 361;
+        pub const CUBLASLT_MATMUL_TILE_64x488: u32 = 362;
+        pub const CUBLASLT_MATMUL_TILE_64x496: u32 = 363;
+        pub const CUBLASLT_MATMUL_TILE_64x504: u32 = 364;
+        pub const CUBLASLT_MATMUL_TILE_64x520: u32 = 365;
+        pub const CUBLASLT_MATMUL_TILE_64x528: u32 = 366;
+        pub const CUBLASLT_MATMUL_TILE_64x536: u32 = 367;
+        pub const CUBLASLT_MATMUL_TILE_64x544: u32 = 368;
+        pub const CUBLASLT_MATMUL_TILE_64x552: u32 = 369;
+        pub const CUBLASLT_MATMUL_TILE_64x560: u32 = 370;
+        pub const CUBLASLT_MATMUL_TILE_64x568: u32 = 371;
+        pub const CUBLASLT_MATMUL_TILE_64x584: u32 = 372;
+        pub const CUBLASLT_MATMUL_TILE_64x592: u32 = 373;
+        pub const CUBLASLT_MATMUL_TILE_64x600: u32 = 374;
+        pub const CUBLASLT_MATMUL_TILE_64x608: u32 = 375;
+        pub const CUBLASLT_MATMUL_TILE_64x616: u32 = 376;
+        pub const CUBLASLT_MATMUL_TILE_64x624: u32 = 377;
+        pub const CUBLASLT_MATMUL_TILE_64x632: u32 = 378;
+        pub const CUBLASLT_MATMUL_TILE_64x648: u32 = 379;
+        pub const CUBLASLT_MATMUL_TILE_64x656: u32 = 380;
+        pub const CUBLASLT_MATMUL_TILE_64x664: u32 = 381;
+        pub const CUBLASLT_MATMUL_TILE_64x672: u32 = 382;
+        pub const CUBLASLT_MATMUL_TILE_64x680: u32 = 383;
+        pub const CUBLASLT_MATMUL_TILE_64x688: u32 = 384;
+        pub const CUBLASLT_MATMUL_TILE_64x696: u32 = 385;
+        pub const CUBLASLT_MATMUL_TILE_64x712: u32 = 386;
+        pub const CUBLASLT_MATMUL_TILE_64x720: u32 = 387;
+        pub const CUBLASLT_MATMUL_TILE_64x728: u32 = 388;
+        pub const CUBLASLT_MATMUL_TILE_64x736: u32 = 389;
+        pub const CUBLASLT_MATMUL_TILE_64x744: u32 = 390;
+        pub const CUBLASLT_MATMUL_TILE_64x752: u32 = 391;
+        pub const CUBLASLT_MATMUL_TILE_64x760: u32 = 392;
+        pub const CUBLASLT_MATMUL_TILE_128x8: u32 = 393;
+        pub const CUBLASLT_MATMUL_TILE_128x16: u32 = 394;
+        pub const CUBLASLT_MATMUL_TILE_128x24: u32 = 395;
+        pub const CUBLASLT_MATMUL_TILE_128x40: u32 = 396;
+        pub const CUBLASLT_MATMUL_TILE_128x48: u32 = 397;
+        pub const CUBLASLT_MATMUL_TILE_128x56: u32 = 398;
+        pub const CUBLASLT_MATMUL_TILE_128x72: u32 = 399;
+        pub const CUBLASLT_MATMUL_TILE_128x80: u32 = 400;
+        pub const CUBLASLT_MATMUL_TILE_128x88: u32 = 401;
+        pub const CUBLASLT_MATMUL_TILE_128x104: u32 = 402;
+        pub const CUBLASLT_MATMUL_TILE_128x112: u32 = 403;
+        pub const CUBLASLT_MATMUL_TILE_128x120: u32 = 404;
+        pub const CUBLASLT_MATMUL_TILE_128x136: u32 = 405;
+        pub const CUBLASLT_MATMUL_TILE_128x144: u32 = 406;
+        pub const CUBLASLT_MATMUL_TILE_128x152: u32 = 407;
+        pub const CUBLASLT_MATMUL_TILE_128x168: u32 = 408;
+        pub const CUBLASLT_MATMUL_TILE_128x176: u32 = 409;
+        pub const CUBLASLT_MATMUL_TILE_128x184: u32 = 410;
+        pub const CUBLASLT_MATMUL_TILE_128x200: u32 = 411;
+        pub const CUBLASLT_MATMUL_TILE_128x208: u32 = 412;
+        pub const CUBLASLT_MATMUL_TILE_128x216: u32 = 413;
+        pub const CUBLASLT_MATMUL_TILE_128x224: u32 = 414;
+        pub const CUBLASLT_MATMUL_TILE_128x232: u32 = 415;
+        pub const CUBLASLT_MATMUL_TILE_128x240: u32 = 416;
+        pub const CUBLASLT_MATMUL_TILE_128x248: u32 = 417;
+        pub const CUBLASLT_MATMUL_TILE_128x264: u32 = 418;
+        pub const CUBLASLT_MATMUL_TILE_128x272: u32 = 419;
+        pub const CUBLASLT_MATMUL_TILE_128x280: u32 = 420;
+        pub const CUBLASLT_MATMUL_TILE_128x288: u32 = 421;
+        pub const CUBLASLT_MATMUL_TILE_128x296: u32 = 422;
+        pub const CUBLASLT_MATMUL_TILE_128x304: u32 = 423;
+        pub const CUBLASLT_MATMUL_TILE_128x312: u32 = 424;
+        pub const CUBLASLT_MATMUL_TILE_128x328: u32 = 425;
+        pub const CUBLASLT_MATMUL_TILE_128x336: u32 = 426;
+        pub const CUBLASLT_MATMUL_TILE_128x344: u32 = 427;
+        pub const CUBLASLT_MATMUL_TILE_128x352: u32 = 428;
+        pub const CUBLASLT_MATMUL_TILE_128x360: u32 = 429;
+        pub const CUBLASLT_MATMUL_TILE_128x368: u32 = 430;
+        pub const CUBLASLT_MATMUL_TILE_128x376: u32 = 431;
+        pub const CUBLASLT_MATMUL_TILE_128x392: u32 = 432;
+        pub const CUBLASLT_MATMUL_TILE_128x400: u32 = 433;
+        pub const CUBLASLT_MATMUL_TILE_128x408: u32 = 434;
+        pub const CUBLASLT_MATMUL_TILE_128x416: u32 = 435;
+        pub const CUBLASLT_MATMUL_TILE_128x424: u32 = 436;
+        pub const CUBLASLT_MATMUL_TILE_128x432: u32 = 437;
+        pub const CUBLASLT_MATMUL_TILE_128x440: u32 = 438;
+        pub const CUBLASLT_MATMUL_TILE_128x448: u32 = 439;
+        pub const CUBLASLT_MATMUL_TILE_128x456: u32 = 440;
+        pub const CUBLASLT_MATMUL_TILE_128x464: u32 = 441;
+        pub const CUBLASLT_MATMUL_TILE_128x472: u32 = 442;
+        pub const CUBLASLT_MATMUL_TILE_128x480: u32 = 443;
+        pub const CUBLASLT_MATMUL_TILE_128x488: u32 = 444;
+        pub const CUBLASLT_MATMUL_TILE_128x496: u32 = 445;
+        pub const CUBLASLT_MATMUL_TILE_128x504: u32 = 446;
+        pub const CUBLASLT_MATMUL_TILE_128x512: u32 = 447;
+        pub const CUBLASLT_MATMUL_TILE_192x8: u32 = 448;
+        pub const CUBLASLT_MATMUL_TILE_192x16: u32 = 449;
+        pub const CUBLASLT_MATMUL_TILE_192x24: u32 = 450;
+        pub const CUBLASLT_MATMUL_TILE_192x32: u32 = 451;
+        pub const CUBLASLT_MATMUL_TILE_192x40: u32 = 452;
+        pub const CUBLASLT_MATMUL_TILE_192x48: u32 = 453;
+        pub const CUBLASLT_MATMUL_TILE_192x56: u32 = 454;
+        pub const CUBLASLT_MATMUL_TILE_192x72: u32 = 455;
+        pub const CUBLASLT_MATMUL_TILE_192x80: u32 = 456;
+        pub const CUBLASLT_MATMUL_TILE_192x88: u32 = 457;
+        pub const CUBLASLT_MATMUL_TILE_192x96: u32 = 458;
+        pub const CUBLASLT_MATMUL_TILE_192x104: u32 = 459;
+        pub const CUBLASLT_MATMUL_TILE_192x112: u32 = 460;
+        pub const CUBLASLT_MATMUL_TILE_192x120: u32 = 461;
+        pub const CUBLASLT_MATMUL_TILE_192x136: u32 = 462;
+        pub const CUBLASLT_MATMUL_TILE_192x144: u32 = 463;
+        pub const CUBLASLT_MATMUL_TILE_192x152: u32 = 464;
+        pub const CUBLASLT_MATMUL_TILE_192x160: u32 = 465;
+        pub const CUBLASLT_MATMUL_TILE_192x168: u32 = 466;
+        pub const CUBLASLT_MATMUL_TILE_192x176: u32 = 467;
+        pub const CUBLASLT_MATMUL_TILE_192x184: u32 = 468;
+        pub const CUBLASLT_MATMUL_TILE_192x200: u32 = 469;
+        pub const CUBLASLT_MATMUL_TILE_192x208: u32 = 470;
+        pub const CUBLASLT_MATMUL_TILE_192x216: u32 = 471;
+        pub const CUBLASLT_MATMUL_TILE_192x224: u32 = 472;
+        pub const CUBLASLT_MATMUL_TILE_192x232: u32 = 473;
+        pub const CUBLASLT_MATMUL_TILE_192x240: u32 = 474;
+        pub const CUBLASLT_MATMUL_TILE_192x248: u32 = 475;
+        pub const CUBLASLT_MATMUL_TILE_192x264: u32 = 476;
+        pub const CUBLASLT_MATMUL_TILE_192x272: u32 = 477;
+        pub const CUBLASLT_MATMUL_TILE_192x280: u32 = 478;
+        pub const CUBLASLT_MATMUL_TILE_192x288: u32 = 479;
+        pub const CUBLASLT_MATMUL_TILE_192x296: u32 = 480;
+        pub const CUBLASLT_MATMUL_TILE_192x304: u32 = 481;
+        pub const CUBLASLT_MATMUL_TILE_192x312: u32 = 482;
+        pub const CUBLASLT_MATMUL_TILE_192x320: u32 = 483;
+        pub const CUBLASLT_MATMUL_TILE_192x328: u32 = 484;
+        pub const CUBLASLT_MATMUL_TILE_192x336: u32 = 485;
+        pub const CUBLASLT_MATMUL_TILE_256x8: u32 = 486;
+        pub const CUBLASLT_MATMUL_TILE_256x16: u32 = 487;
+        pub const CUBLASLT_MATMUL_TILE_256x24: u32 = 488;
+        pub const CUBLASLT_MATMUL_TILE_256x40: u32 = 489;
+        pub const CUBLASLT_MATMUL_TILE_256x48: u32 = 490;
+        pub const CUBLASLT_MATMUL_TILE_256x56: u32 = 491;
+        pub const CUBLASLT_MATMUL_TILE_256x72: u32 = 492;
+        pub const CUBLASLT_MATMUL_TILE_256x80: u32 = 493;
+        pub const CUBLASLT_MATMUL_TILE_256x88: u32 = 494;
+        pub const CUBLASLT_MATMUL_TILE_256x96: u32 = 495;
+        pub const CUBLASLT_MATMUL_TILE_256x104: u32 = 496;
+        pub const CUBLASLT_MATMUL_TILE_256x112: u32 = 497;
+        pub const CUBLASLT_MATMUL_TILE_256x120: u32 = 498;
+        pub const CUBLASLT_MATMUL_TILE_256x136: u32 = 499;
+        pub const CUBLASLT_MATMUL_TILE_256x144: u32 = 500;
+        pub const CUBLASLT_MATMUL_TILE_256x152: u32 = 501;
+        pub const CUBLASLT_MATMUL_TILE_256x160: u32 = 502;
+        pub const CUBLASLT_MATMUL_TILE_256x168: u32 = 503;
+        pub const CUBLASLT_MATMUL_TILE_256x176: u32 = 504;
+        pub const CUBLASLT_MATMUL_TILE_256x184: u32 = 505;
+        pub const CUBLASLT_MATMUL_TILE_256x200: u32 = 506;
+        pub const CUBLASLT_MATMUL_TILE_256x208: u32 = 507;
+        pub const CUBLASLT_MATMUL_TILE_256x216: u32 = 508;
+        pub const CUBLASLT_MATMUL_TILE_256x224: u32 = 509;
+        pub const CUBLASLT_MATMUL_TILE_256x232: u32 = 510;
+        pub const CUBLASLT_MATMUL_TILE_256x240: u32 = 511;
+        pub const CUBLASLT_MATMUL_TILE_256x248: u32 = 512;
+        pub const CUBLASLT_MATMUL_TILE_256x256: u32 = 513;
+        pub const CUBLASLT_MATMUL_TILE_320x8: u32 = 514;
+        pub const CUBLASLT_MATMUL_TILE_320x16: u32 = 515;
+        pub const CUBLASLT_MATMUL_TILE_320x24: u32 = 516;
+        pub const CUBLASLT_MATMUL_TILE_320x32: u32 = 517;
+        pub const CUBLASLT_MATMUL_TILE_320x40: u32 = 518;
+        pub const CUBLASLT_MATMUL_TILE_320x48: u32 = 519;
+        pub const CUBLASLT_MATMUL_TILE_320x56: u32 = 520;
+        pub const CUBLASLT_MATMUL_TILE_320x72: u32 = 521;
+        pub const CUBLASLT_MATMUL_TILE_320x80: u32 = 522;
+        pub const CUBLASLT_MATMUL_TILE_320x88: u32 = 523;
+        pub const CUBLASLT_MATMUL_TILE_320x96: u32 = 524;
+        pub const CUBLASLT_MATMUL_TILE_320x104: u32 = 525;
+        pub const CUBLASLT_MATMUL_TILE_320x112: u32 = 526;
+        pub const CUBLASLT_MATMUL_TILE_320x120: u32 = 527;
+        pub const CUBLASLT_MATMUL_TILE_320x136: u32 = 528;
+        pub const CUBLASLT_MATMUL_TILE_320x144: u32 = 529;
+        pub const CUBLASLT_MATMUL_TILE_320x152: u32 = 530;
+        pub const CUBLASLT_MATMUL_TILE_320x160: u32 = 531;
+        pub const CUBLASLT_MATMUL_TILE_320x168: u32 = 532;
+        pub const CUBLASLT_MATMUL_TILE_320x176: u32 = 533;
+        pub const CUBLASLT_MATMUL_TILE_320x184: u32 = 534;
+        pub const CUBLASLT_MATMUL_TILE_320x192: u32 = 535;
+        pub const CUBLASLT_MATMUL_TILE_320x200: u32 = 536;
+        pub const CUBLASLT_MATMUL_TILE_384x8: u32 = 537;
+        pub const CUBLASLT_MATMUL_TILE_384x16: u32 = 538;
+        pub const CUBLASLT_MATMUL_TILE_384x24: u32 = 539;
+        pub const CUBLASLT_MATMUL_TILE_384x32: u32 = 540;
+        pub const CUBLASLT_MATMUL_TILE_384x40: u32 = 541;
+        pub const CUBLASLT_MATMUL_TILE_384x48: u32 = 542;
+        pub const CUBLASLT_MATMUL_TILE_384x56: u32 = 543;
+        pub const CUBLASLT_MATMUL_TILE_384x72: u32 = 544;
+        pub const CUBLASLT_MATMUL_TILE_384x80: u32 = 545;
+        pub const CUBLASLT_MATMUL_TILE_384x88: u32 = 546;
+        pub const CUBLASLT_MATMUL_TILE_384x96: u32 = 547;
+        pub const CUBLASLT_MATMUL_TILE_384x104: u32 = 548;
+        pub const CUBLASLT_MATMUL_TILE_384x112: u32 = 549;
+        pub const CUBLASLT_MATMUL_TILE_384x120: u32 = 550;
+        pub const CUBLASLT_MATMUL_TILE_384x136: u32 = 551;
+        pub const CUBLASLT_MATMUL_TILE_384x144: u32 = 552;
+        pub const CUBLASLT_MATMUL_TILE_384x152: u32 = 553;
+        pub const CUBLASLT_MATMUL_TILE_384x160: u32 = 554;
+        pub const CUBLASLT_MATMUL_TILE_384x168: u32 = 555;
+        pub const CUBLASLT_MATMUL_TILE_448x8: u32 = 556;
+        pub const CUBLASLT_MATMUL_TILE_448x16: u32 = 557;
+        pub const CUBLASLT_MATMUL_TILE_448x24: u32 = 558;
+        pub const CUBLASLT_MATMUL_TILE_448x32: u32 = 559;
+        pub const CUBLASLT_MATMUL_TILE_448x40: u32 = 560;
+        pub const CUBLASLT_MATMUL_TILE_448x48: u32 = 561;
+        pub const CUBLASLT_MATMUL_TILE_448x56: u32 = 562;
+        pub const CUBLASLT_MATMUL_TILE_448x72: u32 = 563;
+        pub const CUBLASLT_MATMUL_TILE_448x80: u32 = 564;
+        pub const CUBLASLT_MATMUL_TILE_448x88: u32 = 565;
+        pub const CUBLASLT_MATMUL_TILE_448x96: u32 = 566;
+        pub const CUBLASLT_MATMUL_TILE_448x104: u32 = 567;
+        pub const CUBLASLT_MATMUL_TILE_448x112: u32 = 568;
+        pub const CUBLASLT_MATMUL_TILE_448x120: u32 = 569;
+        pub const CUBLASLT_MATMUL_TILE_448x128: u32 = 570;
+        pub const CUBLASLT_MATMUL_TILE_448x136: u32 = 571;
+        pub const CUBLASLT_MATMUL_TILE_448x144: u32 = 572;
+        pub const CUBLASLT_MATMUL_TILE_512x8: u32 = 573;
+        pub const CUBLASLT_MATMUL_TILE_512x16: u32 = 574;
+        pub const CUBLASLT_MATMUL_TILE_512x24: u32 = 575;
+        pub const CUBLASLT_MATMUL_TILE_512x32: u32 = 576;
+        pub const CUBLASLT_MATMUL_TILE_512x40: u32 = 577;
+        pub const CUBLASLT_MATMUL_TILE_512x48: u32 = 578;
+        pub const CUBLASLT_MATMUL_TILE_512x56: u32 = 579;
+        pub const CUBLASLT_MATMUL_TILE_512x72: u32 = 580;
+        pub const CUBLASLT_MATMUL_TILE_512x80: u32 = 581;
+        pub const CUBLASLT_MATMUL_TILE_512x88: u32 = 582;
+        pub const CUBLASLT_MATMUL_TILE_512x96: u32 = 583;
+        pub const CUBLASLT_MATMUL_TILE_512x104: u32 = 584;
+        pub const CUBLASLT_MATMUL_TILE_512x112: u32 = 585;
+        pub const CUBLASLT_MATMUL_TILE_512x120: u32 = 586;
+        pub const CUBLASLT_MATMUL_TILE_512x128: u32 = 587;
+        pub const CUBLASLT_MATMUL_TILE_576x8: u32 = 588;
+        pub const CUBLASLT_MATMUL_TILE_576x16: u32 = 589;
+        pub const CUBLASLT_MATMUL_TILE_576x24: u32 = 590;
+        pub const CUBLASLT_MATMUL_TILE_576x32: u32 = 591;
+        pub const CUBLASLT_MATMUL_TILE_576x40: u32 = 592;
+        pub const CUBLASLT_MATMUL_TILE_576x48: u32 = 593;
+        pub const CUBLASLT_MATMUL_TILE_576x56: u32 = 594;
+        pub const CUBLASLT_MATMUL_TILE_576x72: u32 = 595;
+        pub const CUBLASLT_MATMUL_TILE_576x80: u32 = 596;
+        pub const CUBLASLT_MATMUL_TILE_576x88: u32 = 597;
+        pub const CUBLASLT_MATMUL_TILE_576x96: u32 = 598;
+        pub const CUBLASLT_MATMUL_TILE_576x104: u32 = 599;
+        pub const CUBLASLT_MATMUL_TILE_576x112: u32 = 600;
+        pub const CUBLASLT_MATMUL_TILE_640x8: u32 = 601;
+        pub const CUBLASLT_MATMUL_TILE_640x16: u32 = 602;
+        pub const CUBLASLT_MATMUL_TILE_640x24: u32 = 603;
+        pub const CUBLASLT_MATMUL_TILE_640x32: u32 = 604;
+        pub const CUBLASLT_MATMUL_TILE_640x40: u32 = 605;
+        pub const CUBLASLT_MATMUL_TILE_640x48: u32 = 606;
+        pub const CUBLASLT_MATMUL_TILE_640x56: u32 = 607;
+        pub const CUBLASLT_MATMUL_TILE_640x72: u32 = 608;
+        pub const CUBLASLT_MATMUL_TILE_640x80: u32 = 609;
+        pub const CUBLASLT_MATMUL_TILE_640x88: u32 = 610;
+        pub const CUBLASLT_MATMUL_TILE_640x96: u32 = 611;
+        pub const CUBLASLT_MATMUL_TILE_704x8: u32 = 612;
+        pub const CUBLASLT_MATMUL_TILE_704x16: u32 = 613;
+        pub const CUBLASLT_MATMUL_TILE_704x24: u32 = 614;
+        pub const CUBLASLT_MATMUL_TILE_704x32: u32 = 615;
+        pub const CUBLASLT_MATMUL_TILE_704x40: u32 = 616;
+        pub const CUBLASLT_MATMUL_TILE_704x48: u32 = 617;
+        pub const CUBLASLT_MATMUL_TILE_704x56: u32 = 618;
+        pub const CUBLASLT_MATMUL_TILE_704x72: u32 = 619;
+        pub const CUBLASLT_MATMUL_TILE_704x80: u32 = 620;
+        pub const CUBLASLT_MATMUL_TILE_704x88: u32 = 621;
+        pub const CUBLASLT_MATMUL_TILE_768x8: u32 = 622;
+        pub const CUBLASLT_MATMUL_TILE_768x16: u32 = 623;
+        pub const CUBLASLT_MATMUL_TILE_768x24: u32 = 624;
+        pub const CUBLASLT_MATMUL_TILE_768x32: u32 = 625;
+        pub const CUBLASLT_MATMUL_TILE_768x40: u32 = 626;
+        pub const CUBLASLT_MATMUL_TILE_768x48: u32 = 627;
+        pub const CUBLASLT_MATMUL_TILE_768x56: u32 = 628;
+        pub const CUBLASLT_MATMUL_TILE_768x72: u32 = 629;
+        pub const CUBLASLT_MATMUL_TILE_768x80: u32 = 630;
+        pub const CUBLASLT_MATMUL_TILE_256x512: u32 = 631;
+        pub const CUBLASLT_MATMUL_TILE_256x1024: u32 = 632;
+        pub const CUBLASLT_MATMUL_TILE_512x512: u32 = 633;
+        pub const CUBLASLT_MATMUL_TILE_512x1024: u32 = 634;
+        pub const CUBLASLT_MATMUL_TILE_END: u32 = 635;
+    }
+    pub mod cudaDeviceAttr {
+        pub const cudaDevAttrMaxThreadsPerBlock: u32 = 1;
+        pub const cudaDevAttrMaxBlockDimX: u32 = 2;
+        pub const cudaDevAttrMaxBlockDimY: u32 = 3;
+        pub const cudaDevAttrMaxBlockDimZ: u32 = 4;
+        pub const cudaDevAttrMaxGridDimX: u32 = 5;
+        pub const cudaDevAttrMaxGridDimY: u32 = 6;
+        pub const cudaDevAttrMaxGridDimZ: u32 = 7;
+        pub const cudaDevAttrMaxSharedMemoryPerBlock: u32 = 8;
+        pub const cudaDevAttrTotalConstantMemory: u32 = 9;
+        pub const cudaDevAttrWarpSize: u32 = 10;
+        pub const cudaDevAttrMaxPitch: u32 = 11;
+        pub const cudaDevAttrMaxRegistersPerBlock: u32 = 12;
+        pub const cudaDevAttrClockRate: u32 = 13;
+        pub const cudaDevAttrTextureAlignment: u32 = 14;
+        pub const cudaDevAttrGpuOverlap: u32 = 15;
+        pub const cudaDevAttrMultiProcessorCount: u32 = 16;
+        pub const cudaDevAttrKernelExecTimeout: u32 = 17;
+        pub const cudaDevAttrIntegrated: u32 = 18;
+        pub const cudaDevAttrCanMapHostMemory: u32 = 19;
+        pub const cudaDevAttrComputeMode: u32 = 20;
+        pub const cudaDevAttrMaxTexture1DWidth: u32 = 21;
+        pub const cudaDevAttrMaxTexture2DWidth: u32 = 22;
+        pub const cudaDevAttrMaxTexture2DHeight: u32 = 23;
+        pub const cudaDevAttrMaxTexture3DWidth: u32 = 24;
+        pub const cudaDevAttrMaxTexture3DHeight: u32 = 25;
+        pub const cudaDevAttrMaxTexture3DDepth: u32 = 26;
+        pub const cudaDevAttrMaxTexture2DLayeredWidth: u32 = 27;
+        pub const cudaDevAttrMaxTexture2DLayeredHeight: u32 = 28;
+        pub const cudaDevAttrMaxTexture2DLayeredLayers: u32 = 29;
+        pub const cudaDevAttrSurfaceAlignment: u32 = 30;
+        pub const cudaDevAttrConcurrentKernels: u32 = 31;
+        pub const cudaDevAttrEccEnabled: u32 = 32;
+        pub const cudaDevAttrPciBusId: u32 = 33;
+        pub const cudaDevAttrPciDeviceId: u32 = 34;
+        pub const cudaDevAttrTccDriver: u32 = 35;
+        pub const cudaDevAttrMemoryClockRate: u32 = 36;
+        pub const cudaDevAttrGlobalMemoryBusWidth: u32 = 37;
+        pub const cudaDevAttrL2CacheSize: u32 = 38;
+        pub const cudaDevAttrMaxThreadsPerMultiProcessor: u32 = 39;
+        pub const cudaDevAttrAsyncEngineCount: u32 = 40;
+        pub const cudaDevAttrUnifiedAddressing: u32 = 41;
+        pub const cudaDevAttrMaxTexture1DLayeredWidth: u32 = 42;
+        pub const cudaDevAttrMaxTexture1DLayeredLayers: u32 = 43;
+        pub const cudaDevAttrMaxTexture2DGatherWidth: u32 = 45;
+        pub const cudaDevAttrMaxTexture2DGatherHeight: u32 = 46;
+        pub const cudaDevAttrMaxTexture3DWidthAlt: u32 = 47;
+        pub const cudaDevAttrMaxTexture3DHeightAlt: u32 = 48;
+        pub const cudaDevAttrMaxTexture3DDepthAlt: u32 = 49;
+        pub const cudaDevAttrPciDomainId: u32 = 50;
+        pub const cudaDevAttrTexturePitchAlignment: u32 = 51;
+        pub const cudaDevAttrMaxTextureCubemapWidth: u32 = 52;
+        pub const cudaDevAttrMaxTextureCubemapLayeredWidth: u32 = 53;
+        pub const cudaDevAttrMaxTextureCubemapLayeredLayers: u32 = 54;
+        pub const cudaDevAttrMaxSurface1DWidth: u32 = 55;
+        pub const cudaDevAttrMaxSurface2DWidth: u32 = 56;
+        pub const cudaDevAttrMaxSurface2DHeight: u32 = 57;
+        pub const cudaDevAttrMaxSurface3DWidth: u32 = 58;
+        pub const cudaDevAttrMaxSurface3DHeight: u32 = 59;
+        pub const cudaDevAttrMaxSurface3DDepth: u32 = 60;
+        pub const cudaDevAttrMaxSurface1DLayeredWidth: u32 = 61;
+        pub const cudaDevAttrMaxSurface1DLayeredLayers: u32 = 62;
+        pub const cudaDevAttrMaxSurface2DLayeredWidth: u32 = 63;
+        pub const cudaDevAttrMaxSurface2DLayeredHeight: u32 = 64;
+        pub const cudaDevAttrMaxSurface2DLayeredLayers: u32 = 65;
+        pub const cudaDevAttrMaxSurfaceCubemapWidth: u32 = 66;
+        pub const cudaDevAttrMaxSurfaceCubemapLayeredWidth: u32 = 67;
+        pub const cudaDevAttrMaxSurfaceCubemapLayeredLayers: u32 = 68;
+        pub const cudaDevAttrMaxTexture1DLinearWidth: u32 = 69;
+        pub const cudaDevAttrMaxTexture2DLinearWidth: u32 = 70;
+        pub const cudaDevAttrMaxTexture2DLinearHeight: u32 = 71;
+        pub const cudaDevAttrMaxTexture2DLinearPitch: u32 = 72;
+        pub const cudaDevAttrMaxTexture2DMipmappedWidth: u32 = 73;
+        pub const cudaDevAttrMaxTexture2DMipmappedHeight: u32 = 74;
+        pub const cudaDevAttrComputeCapabilityMajor: u32 = 75;
+        pub const cudaDevAttrComputeCapabilityMinor: u32 = 76;
+        pub const cudaDevAttrMaxTexture1DMipmappedWidth: u32 = 77;
+        pub const cudaDevAttrStreamPrioritiesSupported: u32 = 78;
+        pub const cudaDevAttrGlobalL1CacheSupported: u32 = 79;
+        pub const cudaDevAttrLocalL1CacheSupported: u32 = 80;
+        pub const cudaDevAttrMaxSharedMemoryPerMultiprocessor: u32 = 81;
+        pub const cudaDevAttrMaxRegistersPerMultiprocessor: u32 = 82;
+        pub const cudaDevAttrManagedMemory: u32 = 83;
+        pub const cudaDevAttrIsMultiGpuBoard: u32 = 84;
+        pub const cudaDevAttrMultiGpuBoardGroupID: u32 = 85;
+        pub const cudaDevAttrHostNativeAtomicSupported: u32 = 86;
+        pub const cudaDevAttrSingleToDoublePrecisionPerfRatio: u32 = 87;
+        pub const cudaDevAttrPageableMemoryAccess: u32 = 88;
+        pub const cudaDevAttrConcurrentManagedAccess: u32 = 89;
+        pub const cudaDevAttrComputePreemptionSupported: u32 = 90;
+        pub const cudaDevAttrCanUseHostPointerForRegisteredMem: u32 = 91;
+        pub const cudaDevAttrReserved92: u32 = 92;
+        pub const cudaDevAttrReserved93: u32 = 93;
+        pub const cudaDevAttrReserved94: u32 = 94;
+        pub const cudaDevAttrCooperativeLaunch: u32 = 95;
+        pub const cudaDevAttrReserved96: u32 = 96;
+        pub const cudaDevAttrMaxSharedMemoryPerBlockOptin: u32 = 97;
+        pub const cudaDevAttrCanFlushRemoteWrites: u32 = 98;
+        pub const cudaDevAttrHostRegisterSupported: u32 = 99;
+        pub const cudaDevAttrPageableMemoryAccessUsesHostPageTables: u32 = 100;
+        pub const cudaDevAttrDirectManagedMemAccessFromHost: u32 = 101;
+        pub const cudaDevAttrMaxBlocksPerMultiprocessor: u32 = 106;
+        pub const cudaDevAttrMaxPersistingL2CacheSize: u32 = 108;
+        pub const cudaDevAttrMaxAccessPolicyWindowSize: u32 = 109;
+        pub const cudaDevAttrReservedSharedMemoryPerBlock: u32 = 111;
+        pub const cudaDevAttrSparseCudaArraySupported: u32 = 112;
+        pub const cudaDevAttrHostRegisterReadOnlySupported: u32 = 113;
+        pub const cudaDevAttrTimelineSemaphoreInteropSupported: u32 = 114;
+        pub const cudaDevAttrMemoryPoolsSupported: u32 = 115;
+        pub const cudaDevAttrGPUDirectRDMASupported: u32 = 116;
+        pub const cudaDevAttrGPUDirectRDMAFlushWritesOptions: u32 = 117;
+        pub const cudaDevAttrGPUDirectRDMAWritesOrdering: u32 = 118;
+        pub const cudaDevAttrMemoryPoolSupportedHandleTypes: u32 = 119;
+        pub const cudaDevAttrClusterLaunch: u32 = 120;
+        pub const cudaDevAttrDeferredMappingCudaArraySupported: u32 = 121;
+        pub const cudaDevAttrReserved122: u32 = 122;
+        pub const cudaDevAttrReserved123: u32 = 123;
+        pub const cudaDevAttrReserved124: u32 = 124;
+        pub const cudaDevAttrIpcEventSupport: u32 = 125;
+        pub const cudaDevAttrMemSyncDomainCount: u32 = 126;
+        pub const cudaDevAttrReserved127: u32 = 127;
+        pub const cudaDevAttrReserved128: u32 = 128;
+        pub const cudaDevAttrReserved129: u32 = 129;
+        pub const cudaDevAttrNumaConfig: u32 = 130;
+        pub const cudaDevAttrNumaId: u32 = 131;
+        pub const cudaDevAttrReserved132: u32 = 132;
+        pub const cudaDevAttrMpsEnabled: u32 = 133;
+        pub const cudaDevAttrHostNumaId: u32 = 134;
+        pub const cudaDevAttrD3D12CigSupported: u32 = 135;
+        pub const cudaDevAttrVulkanCigSupported: u32 = 138;
+        pub const cudaDevAttrGpuPciDeviceId: u32 = 139;
+        pub const cudaDevAttrGpuPciSubsystemId: u32 = 140;
+        pub const cudaDevAttrReserved141: u32 = 141;
+        pub const cudaDevAttrHostNumaMemoryPoolsSupported: u32 = 142;
+        pub const cudaDevAttrHostNumaMultinodeIpcSupported: u32 = 143;
+        pub const cudaDevAttrHostMemoryPoolsSupported: u32 = 144;
+        pub const cudaDevAttrReserved145: u32 = 145;
+        pub const cudaDevAttrOnlyPartialHostNativeAtomicSupported: u32 = 147;
+        pub const cudaDevAttrMax: u32 = 148;
+    }
+    pub mod cudaFuncAttribute {
+        pub const cudaFuncAttributeMaxDynamicSharedMemorySize: u32 = 8;
+        pub const cudaFuncAttributePreferredSharedMemoryCarveout: u32 = 9;
+        pub const cudaFuncAttributeClusterDimMustBeSet: u32 = 10;
+        pub const cudaFuncAttributeRequiredClusterWidth: u32 = 11;
+        pub const cudaFuncAttributeRequiredClusterHeight: u32 = 12;
+        pub const cudaFuncAttributeRequiredClusterDepth: u32 = 13;
+        pub const cudaFuncAttributeNonPortableClusterSizeAllowed: u32 = 14;
+        pub const cudaFuncAttributeClusterSchedulingPolicyPreference: u32 = 15;
+        pub const cudaFuncAttributeMax: u32 = 16;
+    }
+    pub mod cudaGraphNodeType {
+        pub const cudaGraphNodeTypeKernel: u32 = 0;
+        pub const cudaGraphNodeTypeMemcpy: u32 = 1;
+        pub const cudaGraphNodeTypeMemset: u32 = 2;
+        pub const cudaGraphNodeTypeHost: u32 = 3;
+        pub const cudaGraphNodeTypeGraph: u32 = 4;
+        pub const cudaGraphNodeTypeEmpty: u32 = 5;
+        pub const cudaGraphNodeTypeWaitEvent: u32 = 6;
+        pub const cudaGraphNodeTypeEventRecord: u32 = 7;
+        pub const cudaGraphNodeTypeExtSemaphoreSignal: u32 = 8;
+        pub const cudaGraphNodeTypeExtSemaphoreWait: u32 = 9;
+        pub const cudaGraphNodeTypeMemAlloc: u32 = 10;
+        pub const cudaGraphNodeTypeMemFree: u32 = 11;
+        pub const cudaGraphNodeTypeConditional: u32 = 13;
+        pub const cudaGraphNodeTypeCount: u32 = 14;
+    }
+    pub mod cudnnBackendKnobType_t {
+        pub const CUDNN_KNOB_TYPE_SPLIT_K: u32 = 0;
+        pub const CUDNN_KNOB_TYPE_SWIZZLE: u32 = 1;
+        pub const CUDNN_KNOB_TYPE_TILE_SIZE: u32 = 2;
+        pub const CUDNN_KNOB_TYPE_USE_TEX: u32 = 3;
+        pub const CUDNN_KNOB_TYPE_EDGE: u32 = 4;
+        pub const CUDNN_KNOB_TYPE_KBLOCK: u32 = 5;
+        pub const CUDNN_KNOB_TYPE_LDGA: u32 = 6;
+        pub const CUDNN_KNOB_TYPE_LDGB: u32 = 7;
+        pub const CUDNN_KNOB_TYPE_CHUNK_K: u32 = 8;
+        pub const CUDNN_KNOB_TYPE_SPLIT_H: u32 = 9;
+        pub const CUDNN_KNOB_TYPE_WINO_TILE: u32 = 10;
+        pub const CUDNN_KNOB_TYPE_MULTIPLY: u32 = 11;
+        pub const CUDNN_KNOB_TYPE_SPLIT_K_BUF: u32 = 12;
+        pub const CUDNN_KNOB_TYPE_TILEK: u32 = 13;
+        pub const CUDNN_KNOB_TYPE_STAGES: u32 = 14;
+        pub const CUDNN_KNOB_TYPE_REDUCTION_MODE: u32 = 15;
+        pub const CUDNN_KNOB_TYPE_CTA_SPLIT_K_MODE: u32 = 16;
+        pub const CUDNN_KNOB_TYPE_SPLIT_K_SLC: u32 = 17;
+        pub const CUDNN_KNOB_TYPE_IDX_MODE: u32 = 18;
+        pub const CUDNN_KNOB_TYPE_SLICED: u32 = 19;
+        pub const CUDNN_KNOB_TYPE_SPLIT_RS: u32 = 20;
+        pub const CUDNN_KNOB_TYPE_SINGLEBUFFER: u32 = 21;
+        pub const CUDNN_KNOB_TYPE_LDGC: u32 = 22;
+        pub const CUDNN_KNOB_TYPE_SPECFILT: u32 = 23;
+        pub const CUDNN_KNOB_TYPE_KERNEL_CFG: u32 = 24;
+        pub const CUDNN_KNOB_TYPE_WORKSPACE: u32 = 25;
+        pub const CUDNN_KNOB_TYPE_TILE_CGA: u32 = 26;
+        pub const CUDNN_KNOB_TYPE_TILE_CGA_M: u32 = 27;
+        pub const CUDNN_KNOB_TYPE_TILE_CGA_N: u32 = 28;
+        pub const CUDNN_KNOB_TYPE_BLOCK_SIZE: u32 = 29;
+        pub const CUDNN_KNOB_TYPE_OCCUPANCY: u32 = 30;
+        pub const CUDNN_KNOB_TYPE_ARRAY_SIZE_PER_THREAD: u32 = 31;
+        pub const CUDNN_KNOB_TYPE_NUM_C_PER_BLOCK: u32 = 32;
+        pub const CUDNN_KNOB_TYPE_SPLIT_COLS: u32 = 33;
+        pub const CUDNN_KNOB_TYPE_TILE_ROWS: u32 = 34;
+        pub const CUDNN_KNOB_TYPE_TILE_COLS: u32 = 35;
+        pub const CUDNN_KNOB_TYPE_LOAD_SIZE: u32 = 36;
+        pub const CUDNN_KNOB_TYPE_CTA_COUNT: u32 = 37;
+        pub const CUDNN_KNOB_TYPE_STREAM_K: u32 = 38;
+        pub const CUDNN_KNOB_TYPE_SPLIT_P_SLC: u32 = 39;
+        pub const CUDNN_KNOB_TYPE_TILE_M: u32 = 40;
+        pub const CUDNN_KNOB_TYPE_TILE_N: u32 = 41;
+        pub const CUDNN_KNOB_TYPE_WARP_SPEC_CFG: u32 = 42;
+        pub const CUDNN_KNOB_TYPE_COUNTS: u32 = 43;
+    }
+    pub mod ncclResult_t {
+        pub const ncclSuccess: u32 = 0;
+        pub const ncclUnhandledCudaError: u32 = 1;
+        pub const ncclSystemError: u32 = 2;
+        pub const ncclInternalError: u32 = 3;
+        pub const ncclInvalidArgument: u32 = 4;
+        pub const ncclInvalidUsage: u32 = 5;
+        pub const ncclRemoteError: u32 = 6;
+        pub const ncclInProgress: u32 = 7;
+        pub const ncclNumResults: u32 = 8;
+    }
+    pub mod nvmlBrandType_enum {
+        pub const NVML_BRAND_UNKNOWN: u32 = 0;
+        pub const NVML_BRAND_QUADRO: u32 = 1;
+        pub const NVML_BRAND_TESLA: u32 = 2;
+        pub const NVML_BRAND_NVS: u32 = 3;
+        pub const NVML_BRAND_GRID: u32 = 4;
+        pub const NVML_BRAND_GEFORCE: u32 = 5;
+        pub const NVML_BRAND_TITAN: u32 = 6;
+        pub const NVML_BRAND_NVIDIA_VAPPS: u32 = 7;
+        pub const NVML_BRAND_NVIDIA_VPC: u32 = 8;
+        pub const NVML_BRAND_NVIDIA_VCS: u32 = 9;
+        pub const NVML_BRAND_NVIDIA_VWS: u32 = 10;
+        pub const NVML_BRAND_NVIDIA_CLOUD_GAMING: u32 = 11;
+        pub const NVML_BRAND_NVIDIA_VGAMING: u32 = 11;
+        pub const NVML_BRAND_QUADRO_RTX: u32 = 12;
+        pub const NVML_BRAND_NVIDIA_RTX: u32 = 13;
+        pub const NVML_BRAND_NVIDIA: u32 = 14;
+        pub const NVML_BRAND_GEFORCE_RTX: u32 = 15;
+        pub const NVML_BRAND_TITAN_RTX: u32 = 16;
+        pub const NVML_BRAND_COUNT: u32 = 18;
+    }
+    pub mod nvmlDeviceVgpuCapability_enum {
+        pub const NVML_DEVICE_VGPU_CAP_FRACTIONAL_MULTI_VGPU: u32 = 0;
+        pub const NVML_DEVICE_VGPU_CAP_HETEROGENEOUS_TIMESLICE_PROFILES: u32 = 1;
+        pub const NVML_DEVICE_VGPU_CAP_HETEROGENEOUS_TIMESLICE_SIZES: u32 = 2;
+        pub const NVML_DEVICE_VGPU_CAP_READ_DEVICE_BUFFER_BW: u32 = 3;
+        pub const NVML_DEVICE_VGPU_CAP_WRITE_DEVICE_BUFFER_BW: u32 = 4;
+        pub const NVML_DEVICE_VGPU_CAP_DEVICE_STREAMING: u32 = 5;
+        pub const NVML_DEVICE_VGPU_CAP_MINI_QUARTER_GPU: u32 = 6;
+        pub const NVML_DEVICE_VGPU_CAP_COMPUTE_MEDIA_ENGINE_GPU: u32 = 7;
+        pub const NVML_DEVICE_VGPU_CAP_WARM_UPDATE: u32 = 8;
+        pub const NVML_DEVICE_VGPU_CAP_HOMOGENEOUS_PLACEMENTS: u32 = 9;
+        pub const NVML_DEVICE_VGPU_CAP_MIG_TIMESLICING_SUPPORTED: u32 = 10;
+        pub const NVML_DEVICE_VGPU_CAP_MIG_TIMESLICING_ENABLED: u32 = 11;
+        pub const NVML_DEVICE_VGPU_CAP_COUNT: u32 = 12;
+    }
+    pub mod nvmlGpmMetricId_t {
+        pub const NVML_GPM_METRIC_GRAPHICS_UTIL: u32 = 1;
+        pub const NVML_GPM_METRIC_SM_UTIL: u32 = 2;
+        pub const NVML_GPM_METRIC_SM_OCCUPANCY: u32 = 3;
+        pub const NVML_GPM_METRIC_INTEGER_UTIL: u32 = 4;
+        pub const NVML_GPM_METRIC_ANY_TENSOR_UTIL: u32 = 5;
+        pub const NVML_GPM_METRIC_DFMA_TENSOR_UTIL: u32 = 6;
+        pub const NVML_GPM_METRIC_HMMA_TENSOR_UTIL: u32 = 7;
+        pub const NVML_GPM_METRIC_IMMA_TENSOR_UTIL: u32 = 9;
+        pub const NVML_GPM_METRIC_DRAM_BW_UTIL: u32 = 10;
+        pub const NVML_GPM_METRIC_FP64_UTIL: u32 = 11;
+        pub const NVML_GPM_METRIC_FP32_UTIL: u32 = 12;
+        pub const NVML_GPM_METRIC_FP16_UTIL: u32 = 13;
+        pub const NVML_GPM_METRIC_PCIE_TX_PER_SEC: u32 = 20;
+        pub const NVML_GPM_METRIC_PCIE_RX_PER_SEC: u32 = 21;
+        pub const NVML_GPM_METRIC_NVDEC_0_UTIL: u32 = 30;
+        pub const NVML_GPM_METRIC_NVDEC_1_UTIL: u32 = 31;
+        pub const NVML_GPM_METRIC_NVDEC_2_UTIL: u32 = 32;
+        pub const NVML_GPM_METRIC_NVDEC_3_UTIL: u32 = 33;
+        pub const NVML_GPM_METRIC_NVDEC_4_UTIL: u32 = 34;
+        pub const NVML_GPM_METRIC_NVDEC_5_UTIL: u32 = 35;
+        pub const NVML_GPM_METRIC_NVDEC_6_UTIL: u32 = 36;
+        pub const NVML_GPM_METRIC_NVDEC_7_UTIL: u32 = 37;
+        pub const NVML_GPM_METRIC_NVJPG_0_UTIL: u32 = 40;
+        pub const NVML_GPM_METRIC_NVJPG_1_UTIL: u32 = 41;
+        pub const NVML_GPM_METRIC_NVJPG_2_UTIL: u32 = 42;
+        pub const NVML_GPM_METRIC_NVJPG_3_UTIL: u32 = 43;
+        pub const NVML_GPM_METRIC_NVJPG_4_UTIL: u32 = 44;
+        pub const NVML_GPM_METRIC_NVJPG_5_UTIL: u32 = 45;
+        pub const NVML_GPM_METRIC_NVJPG_6_UTIL: u32 = 46;
+        pub const NVML_GPM_METRIC_NVJPG_7_UTIL: u32 = 47;
+        pub const NVML_GPM_METRIC_NVOFA_0_UTIL: u32 = 50;
+        pub const NVML_GPM_METRIC_NVOFA_1_UTIL: u32 = 51;
+        pub const NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC: u32 = 60;
+        pub const NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC: u32 = 61;
+        pub const NVML_GPM_METRIC_NVLINK_L0_RX_PER_SEC: u32 = 62;
+        pub const NVML_GPM_METRIC_NVLINK_L0_TX_PER_SEC: u32 = 63;
+        pub const NVML_GPM_METRIC_NVLINK_L1_RX_PER_SEC: u32 = 64;
+        pub const NVML_GPM_METRIC_NVLINK_L1_TX_PER_SEC: u32 = 65;
+        pub const NVML_GPM_METRIC_NVLINK_L2_RX_PER_SEC: u32 = 66;
+        pub const NVML_GPM_METRIC_NVLINK_L2_TX_PER_SEC: u32 = 67;
+        pub const NVML_GPM_METRIC_NVLINK_L3_RX_PER_SEC: u32 = 68;
+        pub const NVML_GPM_METRIC_NVLINK_L3_TX_PER_SEC: u32 = 69;
+        pub const NVML_GPM_METRIC_NVLINK_L4_RX_PER_SEC: u32 = 70;
+        pub const NVML_GPM_METRIC_NVLINK_L4_TX_PER_SEC: u32 = 71;
+        pub const NVML_GPM_METRIC_NVLINK_L5_RX_PER_SEC: u32 = 72;
+        pub const NVML_GPM_METRIC_NVLINK_L5_TX_PER_SEC: u32 = 73;
+        pub const NVML_GPM_METRIC_NVLINK_L6_RX_PER_SEC: u32 = 74;
+        pub const NVML_GPM_METRIC_NVLINK_L6_TX_PER_SEC: u32 = 75;
+        pub const NVML_GPM_METRIC_NVLINK_L7_RX_PER_SEC: u32 = 76;
+        pub const NVML_GPM_METRIC_NVLINK_L7_TX_PER_SEC: u32 = 77;
+        pub const NVML_GPM_METRIC_NVLINK_L8_RX_PER_SEC: u32 = 78;
+        pub const NVML_GPM_METRIC_NVLINK_L8_TX_PER_SEC: u32 = 79;
+        pub const NVML_GPM_METRIC_NVLINK_L9_RX_PER_SEC: u32 = 80;
+        pub const NVML_GPM_METRIC_NVLINK_L9_TX_PER_SEC: u32 = 81;
+        pub const NVML_GPM_METRIC_NVLINK_L10_RX_PER_SEC: u32 = 82;
+        pub const NVML_GPM_METRIC_NVLINK_L10_TX_PER_SEC: u32 = 83;
+        pub const NVML_GPM_METRIC_NVLINK_L11_RX_PER_SEC: u32 = 84;
+        pub const NVML_GPM_METRIC_NVLINK_L11_TX_PER_SEC: u32 = 85;
+        pub const NVML_GPM_METRIC_NVLINK_L12_RX_PER_SEC: u32 = 86;
+        pub const NVML_GPM_METRIC_NVLINK_L12_TX_PER_SEC: u32 = 87;
+        pub const NVML_GPM_METRIC_NVLINK_L13_RX_PER_SEC: u32 = 88;
+        pub const NVML_GPM_METRIC_NVLINK_L13_TX_PER_SEC: u32 = 89;
+        pub const NVML_GPM_METRIC_NVLINK_L14_RX_PER_SEC: u32 = 90;
+        pub const NVML_GPM_METRIC_NVLINK_L14_TX_PER_SEC: u32 = 91;
+        pub const NVML_GPM_METRIC_NVLINK_L15_RX_PER_SEC: u32 = 92;
+        pub const NVML_GPM_METRIC_NVLINK_L15_TX_PER_SEC: u32 = 93;
+        pub const NVML_GPM_METRIC_NVLINK_L16_RX_PER_SEC: u32 = 94;
+        pub const NVML_GPM_METRIC_NVLINK_L16_TX_PER_SEC: u32 = 95;
+        pub const NVML_GPM_METRIC_NVLINK_L17_RX_PER_SEC: u32 = 96;
+        pub const NVML_GPM_METRIC_NVLINK_L17_TX_PER_SEC: u32 = 97;
+        pub const NVML_GPM_METRIC_C2C_TOTAL_TX_PER_SEC: u32 = 100;
+        pub const NVML_GPM_METRIC_C2C_TOTAL_RX_PER_SEC: u32 = 101;
+        pub const NVML_GPM_METRIC_C2C_DATA_TX_PER_SEC: u32 = 102;
+        pub const NVML_GPM_METRIC_C2C_DATA_RX_PER_SEC: u32 = 103;
+        pub const NVML_GPM_METRIC_C2C_LINK0_TOTAL_TX_PER_SEC: u32 = 104;
+        pub const NVML_GPM_METRIC_C2C_LINK0_TOTAL_RX_PER_SEC: u32 = 105;
+        pub const NVML_GPM_METRIC_C2C_LINK0_DATA_TX_PER_SEC: u32 = 106;
+        pub const NVML_GPM_METRIC_C2C_LINK0_DATA_RX_PER_SEC: u32 = 107;
+        pub const NVML_GPM_METRIC_C2C_LINK1_TOTAL_TX_PER_SEC: u32 = 108;
+        pub const NVML_GPM_METRIC_C2C_LINK1_TOTAL_RX_PER_SEC: u32 = 109;
+        pub const NVML_GPM_METRIC_C2C_LINK1_DATA_TX_PER_SEC: u32 = 110;
+        pub const NVML_GPM_METRIC_C2C_LINK1_DATA_RX_PER_SEC: u32 = 111;
+        pub const NVML_GPM_METRIC_C2C_LINK2_TOTAL_TX_PER_SEC: u32 = 112;
+        pub const NVML_GPM_METRIC_C2C_LINK2_TOTAL_RX_PER_SEC: u32 = 113;
+        pub const NVML_GPM_METRIC_C2C_LINK2_DATA_TX_PER_SEC: u32 = 114;
+        pub const NVML_GPM_METRIC_C2C_LINK2_DATA_RX_PER_SEC: u32 = 115;
+        pub const NVML_GPM_METRIC_C2C_LINK3_TOTAL_TX_PER_SEC: u32 = 116;
+        pub const NVML_GPM_METRIC_C2C_LINK3_TOTAL_RX_PER_SEC: u32 = 117;
+        pub const NVML_GPM_METRIC_C2C_LINK3_DATA_TX_PER_SEC: u32 = 118;
+        pub const NVML_GPM_METRIC_C2C_LINK3_DATA_RX_PER_SEC: u32 = 119;
+        pub const NVML_GPM_METRIC_C2C_LINK4_TOTAL_TX_PER_SEC: u32 = 120;
+        pub const NVML_GPM_METRIC_C2C_LINK4_TOTAL_RX_PER_SEC: u32 = 121;
+        pub const NVML_GPM_METRIC_C2C_LINK4_DATA_TX_PER_SEC: u32 = 122;
+        pub const NVML_GPM_METRIC_C2C_LINK4_DATA_RX_PER_SEC: u32 = 123;
+        pub const NVML_GPM_METRIC_C2C_LINK5_TOTAL_TX_PER_SEC: u32 = 124;
+        pub const NVML_GPM_METRIC_C2C_LINK5_TOTAL_RX_PER_SEC: u32 = 125;
+        pub const NVML_GPM_METRIC_C2C_LINK5_DATA_TX_PER_SEC: u32 = 126;
+        pub const NVML_GPM_METRIC_C2C_LINK5_DATA_RX_PER_SEC: u32 = 127;
+        pub const NVML_GPM_METRIC_C2C_LINK6_TOTAL_TX_PER_SEC: u32 = 128;
+        pub const NVML_GPM_METRIC_C2C_LINK6_TOTAL_RX_PER_SEC: u32 = 129;
+        pub const NVML_GPM_METRIC_C2C_LINK6_DATA_TX_PER_SEC: u32 = 130;
+        pub const NVML_GPM_METRIC_C2C_LINK6_DATA_RX_PER_SEC: u32 = 131;
+        pub const NVML_GPM_METRIC_C2C_LINK7_TOTAL_TX_PER_SEC: u32 = 132;
+        pub const NVML_GPM_METRIC_C2C_LINK7_TOTAL_RX_PER_SEC: u32 = 133;
+        pub const NVML_GPM_METRIC_C2C_LINK7_DATA_TX_PER_SEC: u32 = 134;
+        pub const NVML_GPM_METRIC_C2C_LINK7_DATA_RX_PER_SEC: u32 = 135;
+        pub const NVML_GPM_METRIC_C2C_LINK8_TOTAL_TX_PER_SEC: u32 = 136;
+        pub const NVML_GPM_METRIC_C2C_LINK8_TOTAL_RX_PER_SEC: u32 = 137;
+        pub const NVML_GPM_METRIC_C2C_LINK8_DATA_TX_PER_SEC: u32 = 138;
+        pub const NVML_GPM_METRIC_C2C_LINK8_DATA_RX_PER_SEC: u32 = 139;
+        pub const NVML_GPM_METRIC_C2C_LINK9_TOTAL_TX_PER_SEC: u32 = 140;
+        pub const NVML_GPM_METRIC_C2C_LINK9_TOTAL_RX_PER_SEC: u32 = 141;
+        pub const NVML_GPM_METRIC_C2C_LINK9_DATA_TX_PER_SEC: u32 = 142;
+        pub const NVML_GPM_METRIC_C2C_LINK9_DATA_RX_PER_SEC: u32 = 143;
+        pub const NVML_GPM_METRIC_C2C_LINK10_TOTAL_TX_PER_SEC: u32 = 144;
+        pub const NVML_GPM_METRIC_C2C_LINK10_TOTAL_RX_PER_SEC: u32 = 145;
+        pub const NVML_GPM_METRIC_C2C_LINK10_DATA_TX_PER_SEC: u32 = 146;
+        pub const NVML_GPM_METRIC_C2C_LINK10_DATA_RX_PER_SEC: u32 = 147;
+        pub const NVML_GPM_METRIC_C2C_LINK11_TOTAL_TX_PER_SEC: u32 = 148;
+        pub const NVML_GPM_METRIC_C2C_LINK11_TOTAL_RX_PER_SEC: u32 = 149;
+        pub const NVML_GPM_METRIC_C2C_LINK11_DATA_TX_PER_SEC: u32 = 150;
+        pub const NVML_GPM_METRIC_C2C_LINK11_DATA_RX_PER_SEC: u32 = 151;
+        pub const NVML_GPM_METRIC_C2C_LINK12_TOTAL_TX_PER_SEC: u32 = 152;
+        pub const NVML_GPM_METRIC_C2C_LINK12_TOTAL_RX_PER_SEC: u32 = 153;
+        pub const NVML_GPM_METRIC_C2C_LINK12_DATA_TX_PER_SEC: u32 = 154;
+        pub const NVML_GPM_METRIC_C2C_LINK12_DATA_RX_PER_SEC: u32 = 155;
+        pub const NVML_GPM_METRIC_C2C_LINK13_TOTAL_TX_PER_SEC: u32 = 156;
+        pub const NVML_GPM_METRIC_C2C_LINK13_TOTAL_RX_PER_SEC: u32 = 157;
+        pub const NVML_GPM_METRIC_C2C_LINK13_DATA_TX_PER_SEC: u32 = 158;
+        pub const NVML_GPM_METRIC_C2C_LINK13_DATA_RX_PER_SEC: u32 = 159;
+        pub const NVML_GPM_METRIC_HOSTMEM_CACHE_HIT: u32 = 160;
+        pub const NVML_GPM_METRIC_HOSTMEM_CACHE_MISS: u32 = 161;
+        pub const NVML_GPM_METRIC_PEERMEM_CACHE_HIT: u32 = 162;
+        pub const NVML_GPM_METRIC_PEERMEM_CACHE_MISS: u32 = 163;
+        pub const NVML_GPM_METRIC_DRAM_CACHE_HIT: u32 = 164;
+        pub const NVML_GPM_METRIC_DRAM_CACHE_MISS: u32 = 165;
+        pub const NVML_GPM_METRIC_NVENC_0_UTIL: u32 = 166;
+        pub const NVML_GPM_METRIC_NVENC_1_UTIL: u32 = 167;
+        pub const NVML_GPM_METRIC_NVENC_2_UTIL: u32 = 168;
+        pub const NVML_GPM_METRIC_NVENC_3_UTIL: u32 = 169;
+        pub const NVML_GPM_METRIC_GR0_CTXSW_CYCLES_ELAPSED: u32 = 170;
+        pub const NVML_GPM_METRIC_GR0_CTXSW_CYCLES_ACTIVE: u32 = 171;
+        pub const NVML_GPM_METRIC_GR0_CTXSW_REQUESTS: u32 = 172;
+        pub const NVML_GPM_METRIC_GR0_CTXSW_CYCLES_PER_REQ: u32 = 173;
+        pub const NVML_GPM_METRIC_GR0_CTXSW_ACTIVE_PCT: u32 = 174;
+        pub const NVML_GPM_METRIC_GR1_CTXSW_CYCLES_ELAPSED: u32 = 175;
+        pub const NVML_GPM_METRIC_GR1_CTXSW_CYCLES_ACTIVE: u32 = 176;
+        pub const NVML_GPM_METRIC_GR1_CTXSW_REQUESTS: u32 = 177;
+        pub const NVML_GPM_METRIC_GR1_CTXSW_CYCLES_PER_REQ: u32 = 178;
+        pub const NVML_GPM_METRIC_GR1_CTXSW_ACTIVE_PCT: u32 = 179;
+        pub const NVML_GPM_METRIC_GR2_CTXSW_CYCLES_ELAPSED: u32 = 180;
+        pub const NVML_GPM_METRIC_GR2_CTXSW_CYCLES_ACTIVE: u32 = 181;
+        pub const NVML_GPM_METRIC_GR2_CTXSW_REQUESTS: u32 = 182;
+        pub const NVML_GPM_METRIC_GR2_CTXSW_CYCLES_PER_REQ: u32 = 183;
+        pub const NVML_GPM_METRIC_GR2_CTXSW_ACTIVE_PCT: u32 = 184;
+        pub const NVML_GPM_METRIC_GR3_CTXSW_CYCLES_ELAPSED: u32 = 185;
+        pub const NVML_GPM_METRIC_GR3_CTXSW_CYCLES_ACTIVE: u32 = 186;
+        pub const NVML_GPM_METRIC_GR3_CTXSW_REQUESTS: u32 = 187;
+        pub const NVML_GPM_METRIC_GR3_CTXSW_CYCLES_PER_REQ: u32 = 188;
+        pub const NVML_GPM_METRIC_GR3_CTXSW_ACTIVE_PCT: u32 = 189;
+        pub const NVML_GPM_METRIC_GR4_CTXSW_CYCLES_ELAPSED: u32 = 190;
+        pub const NVML_GPM_METRIC_GR4_CTXSW_CYCLES_ACTIVE: u32 = 191;
+        pub const NVML_GPM_METRIC_GR4_CTXSW_REQUESTS: u32 = 192;
+        pub const NVML_GPM_METRIC_GR4_CTXSW_CYCLES_PER_REQ: u32 = 193;
+        pub const NVML_GPM_METRIC_GR4_CTXSW_ACTIVE_PCT: u32 = 194;
+        pub const NVML_GPM_METRIC_GR5_CTXSW_CYCLES_ELAPSED: u32 = 195;
+        pub const NVML_GPM_METRIC_GR5_CTXSW_CYCLES_ACTIVE: u32 = 196;
+        pub const NVML_GPM_METRIC_GR5_CTXSW_REQUESTS: u32 = 197;
+        pub const NVML_GPM_METRIC_GR5_CTXSW_CYCLES_PER_REQ: u32 = 198;
+        pub const NVML_GPM_METRIC_GR5_CTXSW_ACTIVE_PCT: u32 = 199;
+        pub const NVML_GPM_METRIC_GR6_CTXSW_CYCLES_ELAPSED: u32 = 200;
+        pub const NVML_GPM_METRIC_GR6_CTXSW_CYCLES_ACTIVE: u32 = 201;
+        pub const NVML_GPM_METRIC_GR6_CTXSW_REQUESTS: u32 = 202;
+        pub const NVML_GPM_METRIC_GR6_CTXSW_CYCLES_PER_REQ: u32 = 203;
+        pub const NVML_GPM_METRIC_GR6_CTXSW_ACTIVE_PCT: u32 = 204;
+        pub const NVML_GPM_METRIC_GR7_CTXSW_CYCLES_ELAPSED: u32 = 205;
+        pub const NVML_GPM_METRIC_GR7_CTXSW_CYCLES_ACTIVE: u32 = 206;
+        pub const NVML_GPM_METRIC_GR7_CTXSW_REQUESTS: u32 = 207;
+        pub const NVML_GPM_METRIC_GR7_CTXSW_CYCLES_PER_REQ: u32 = 208;
+        pub const NVML_GPM_METRIC_GR7_CTXSW_ACTIVE_PCT: u32 = 209;
+        pub const NVML_GPM_METRIC_MAX: u32 = 210;
+    }
+    pub mod nvmlPowerProfileType_t {
+        pub const NVML_POWER_PROFILE_MAX_P: u32 = 0;
+        pub const NVML_POWER_PROFILE_MAX_Q: u32 = 1;
+        pub const NVML_POWER_PROFILE_COMPUTE: u32 = 2;
+        pub const NVML_POWER_PROFILE_MEMORY_BOUND: u32 = 3;
+        pub const NVML_POWER_PROFILE_NETWORK: u32 = 4;
+        pub const NVML_POWER_PROFILE_BALANCED: u32 = 5;
+        pub const NVML_POWER_PROFILE_LLM_INFERENCE: u32 = 6;
+        pub const NVML_POWER_PROFILE_LLM_TRAINING: u32 = 7;
+        pub const NVML_POWER_PROFILE_RBM: u32 = 8;
+        pub const NVML_POWER_PROFILE_DCPCIE: u32 = 9;
+        pub const NVML_POWER_PROFILE_HMMA_SPARSE: u32 = 10;
+        pub const NVML_POWER_PROFILE_HMMA_DENSE: u32 = 11;
+        pub const NVML_POWER_PROFILE_SYNC_BALANCED: u32 = 12;
+        pub const NVML_POWER_PROFILE_HPC: u32 = 13;
+        pub const NVML_POWER_PROFILE_MIG: u32 = 14;
+        pub const NVML_POWER_PROFILE_MAX: u32 = 15;
+    }
+    pub mod nvmlTemperatureSensors_enum {
+        pub const NVML_TEMPERATURE_GPU: u32 = 0;
+        pub const NVML_TEMPERATURE_COUNT: u32 = 1;
     }
 }

@@ -7,6 +7,7 @@ use chidori_protocol::desc::HandleKind;
 pub static KINDS: &[&str] = &[
     "CUarray_st",
     "CUasyncCallbackEntry_st",
+    "CUcoredumpCallbackEntry_st",
     "CUctx_st",
     "CUdevResourceDesc_st",
     "CUevent_st",
@@ -102,6 +103,7 @@ pub static KINDS: &[&str] = &[
     "cusparseLtMatmulDescriptor_t",
     "cusparseLtMatmulPlan_t",
     "cusparseMatDescr",
+    "cusparseSpGEAMDescr",
     "cusparseSpGEMMDescr",
     "cusparseSpMMOpPlan",
     "cusparseSpMatDescr",
@@ -110,10 +112,12 @@ pub static KINDS: &[&str] = &[
     "cusparseSpVecDescr",
     "gesvdjInfo",
     "ncclComm",
+    "ncclParamHandle",
     "ncclWindow",
     "ncclWindow_vidmem",
     "nvmlComputeInstance_st",
     "nvmlDevice_st",
+    "nvmlEventSet_st",
     "nvmlGpmSample_st",
     "nvmlGpuInstance_st",
     "nvmlUnit_st",
@@ -122,138 +126,142 @@ pub static KINDS: &[&str] = &[
 ];
 /// (kind, other): a parameter of `kind` also takes a live handle of `other`.
 pub static ACCEPTS: &[(HandleKind, HandleKind)] = &[
-    (49u16, 0u16),
-    (53u16, 20u16),
-    (0u16, 49u16),
-    (9u16, 15u16),
-    (20u16, 53u16),
-    (42u16, 41u16),
+    (50u16, 0u16),
+    (54u16, 21u16),
+    (0u16, 50u16),
+    (10u16, 16u16),
+    (21u16, 54u16),
+    (43u16, 42u16),
 ];
 /// Kinds of which NULL is never a handle (`never_null` in the specs).
 pub static NEVER_NULL: &[HandleKind] = &[
-    41u16, 42u16, 44u16, 45u16, 47u16, 57u16, 59u16, 60u16, 61u16, 64u16, 65u16, 66u16,
-    67u16, 68u16, 70u16, 72u16, 73u16, 76u16, 78u16, 107u16, 108u16, 110u16, 111u16,
-    80u16, 26u16, 27u16, 28u16, 29u16, 32u16, 33u16, 34u16, 38u16, 39u16, 40u16, 87u16,
-    88u16, 89u16, 90u16, 96u16, 97u16, 98u16, 99u16, 100u16, 101u16, 102u16, 112u16,
-    81u16, 82u16, 83u16, 86u16, 103u16, 113u16, 104u16, 91u16, 92u16, 93u16, 94u16, 95u16,
+    42u16, 43u16, 45u16, 46u16, 48u16, 58u16, 60u16, 61u16, 62u16, 65u16, 66u16, 67u16,
+    68u16, 69u16, 71u16, 73u16, 74u16, 77u16, 79u16, 110u16, 111u16, 114u16, 115u16,
+    81u16, 27u16, 28u16, 29u16, 30u16, 33u16, 34u16, 35u16, 39u16, 40u16, 41u16, 88u16,
+    89u16, 90u16, 91u16, 97u16, 99u16, 100u16, 101u16, 102u16, 103u16, 104u16, 116u16,
+    82u16, 83u16, 84u16, 87u16, 105u16, 117u16, 106u16, 92u16, 93u16, 94u16, 95u16, 96u16,
 ];
 /// Kinds of records the program holds that calls initialize and none destroys
 /// (cuSPARSELt's matmul descriptors): the worker bounds how many it keeps.
-pub static NEVER_DESTROYED: &[HandleKind] = &[94u16];
+pub static NEVER_DESTROYED: &[HandleKind] = &[95u16];
 pub mod kind {
     use super::HandleKind;
     pub const CUarray_st: HandleKind = 0u16;
     pub const CUasyncCallbackEntry_st: HandleKind = 1u16;
-    pub const CUctx_st: HandleKind = 2u16;
-    pub const CUdevResourceDesc_st: HandleKind = 3u16;
-    pub const CUevent_st: HandleKind = 4u16;
-    pub const CUextMemory_st: HandleKind = 5u16;
-    pub const CUextSemaphore_st: HandleKind = 6u16;
-    pub const CUexternalMemory_st: HandleKind = 7u16;
-    pub const CUexternalSemaphore_st: HandleKind = 8u16;
-    pub const CUfunc_st: HandleKind = 9u16;
-    pub const CUgraphExec_st: HandleKind = 10u16;
-    pub const CUgraphNode_st: HandleKind = 11u16;
-    pub const CUgraph_st: HandleKind = 12u16;
-    pub const CUgraphicsResource_st: HandleKind = 13u16;
-    pub const CUgreenCtx_st: HandleKind = 14u16;
-    pub const CUkern_st: HandleKind = 15u16;
-    pub const CUlib_st: HandleKind = 16u16;
-    pub const CUlogsCallbackEntry_st: HandleKind = 17u16;
-    pub const CUmemGenericAllocationHandle: HandleKind = 18u16;
-    pub const CUmemPoolHandle_st: HandleKind = 19u16;
-    pub const CUmipmappedArray_st: HandleKind = 20u16;
-    pub const CUmod_st: HandleKind = 21u16;
-    pub const CUstream_st: HandleKind = 22u16;
-    pub const CUsurfref_st: HandleKind = 23u16;
-    pub const CUtexref_st: HandleKind = 24u16;
-    pub const CUuserObject_st: HandleKind = 25u16;
-    pub const bsric02Info: HandleKind = 26u16;
-    pub const bsrilu02Info: HandleKind = 27u16;
-    pub const bsrsm2Info: HandleKind = 28u16;
-    pub const bsrsv2Info: HandleKind = 29u16;
-    pub const csrcholInfo: HandleKind = 30u16;
-    pub const csrcholInfoHost: HandleKind = 31u16;
-    pub const csrgemm2Info: HandleKind = 32u16;
-    pub const csric02Info: HandleKind = 33u16;
-    pub const csrilu02Info: HandleKind = 34u16;
-    pub const csrluInfoHost: HandleKind = 35u16;
-    pub const csrqrInfo: HandleKind = 36u16;
-    pub const csrqrInfoHost: HandleKind = 37u16;
-    pub const csrsm2Info: HandleKind = 38u16;
-    pub const csrsv2Info: HandleKind = 39u16;
-    pub const csru2csrInfo: HandleKind = 40u16;
-    pub const cublasContext: HandleKind = 41u16;
-    pub const cublasLtContext: HandleKind = 42u16;
-    pub const cublasLtEmulationDescOpaque_t: HandleKind = 43u16;
-    pub const cublasLtMatmulDescOpaque_t: HandleKind = 44u16;
-    pub const cublasLtMatmulPreferenceOpaque_t: HandleKind = 45u16;
-    pub const cublasLtMatrixLayoutOpaque_t: HandleKind = 46u16;
-    pub const cublasLtMatrixTransformDescOpaque_t: HandleKind = 47u16;
-    pub const cublasXtContext: HandleKind = 48u16;
-    pub const cudaArray: HandleKind = 49u16;
-    pub const cudaAsyncCallbackEntry: HandleKind = 50u16;
-    pub const cudaExecutionContext_st: HandleKind = 51u16;
-    pub const cudaGraphicsResource: HandleKind = 52u16;
-    pub const cudaMipmappedArray: HandleKind = 53u16;
-    pub const cudnnActivationStruct: HandleKind = 54u16;
-    pub const cudnnAlgorithmPerformanceStruct: HandleKind = 55u16;
-    pub const cudnnAlgorithmStruct: HandleKind = 56u16;
-    pub const cudnnAttnStruct: HandleKind = 57u16;
-    pub const cudnnBackendDescriptor_t: HandleKind = 58u16;
-    pub const cudnnCTCLossStruct: HandleKind = 59u16;
-    pub const cudnnContext: HandleKind = 60u16;
-    pub const cudnnConvolutionStruct: HandleKind = 61u16;
-    pub const cudnnDropoutStruct: HandleKind = 62u16;
-    pub const cudnnFilterStruct: HandleKind = 63u16;
-    pub const cudnnFusedOpsConstParamStruct: HandleKind = 64u16;
-    pub const cudnnFusedOpsPlanStruct: HandleKind = 65u16;
-    pub const cudnnFusedOpsVariantParamStruct: HandleKind = 66u16;
-    pub const cudnnLRNStruct: HandleKind = 67u16;
-    pub const cudnnOpTensorStruct: HandleKind = 68u16;
-    pub const cudnnPersistentRNNPlan: HandleKind = 69u16;
-    pub const cudnnPoolingStruct: HandleKind = 70u16;
-    pub const cudnnRNNDataStruct: HandleKind = 71u16;
-    pub const cudnnRNNStruct: HandleKind = 72u16;
-    pub const cudnnReduceTensorStruct: HandleKind = 73u16;
-    pub const cudnnRuntimeTag_t: HandleKind = 74u16;
-    pub const cudnnSeqDataStruct: HandleKind = 75u16;
-    pub const cudnnSpatialTransformerStruct: HandleKind = 76u16;
-    pub const cudnnTensorStruct: HandleKind = 77u16;
-    pub const cudnnTensorTransformStruct: HandleKind = 78u16;
-    pub const curandDiscreteDistribution_st: HandleKind = 79u16;
-    pub const curandGenerator_st: HandleKind = 80u16;
-    pub const cusolverDnContext: HandleKind = 81u16;
-    pub const cusolverDnIRSInfos: HandleKind = 82u16;
-    pub const cusolverDnIRSParams: HandleKind = 83u16;
-    pub const cusolverDnParams: HandleKind = 84u16;
-    pub const cusolverRfCommon: HandleKind = 85u16;
-    pub const cusolverSpContext: HandleKind = 86u16;
-    pub const cusparseColorInfo: HandleKind = 87u16;
-    pub const cusparseContext: HandleKind = 88u16;
-    pub const cusparseDnMatDescr: HandleKind = 89u16;
-    pub const cusparseDnVecDescr: HandleKind = 90u16;
-    pub const cusparseLtHandle_t: HandleKind = 91u16;
-    pub const cusparseLtMatDescriptor_t: HandleKind = 92u16;
-    pub const cusparseLtMatmulAlgSelection_t: HandleKind = 93u16;
-    pub const cusparseLtMatmulDescriptor_t: HandleKind = 94u16;
-    pub const cusparseLtMatmulPlan_t: HandleKind = 95u16;
-    pub const cusparseMatDescr: HandleKind = 96u16;
-    pub const cusparseSpGEMMDescr: HandleKind = 97u16;
-    pub const cusparseSpMMOpPlan: HandleKind = 98u16;
-    pub const cusparseSpMatDescr: HandleKind = 99u16;
-    pub const cusparseSpSMDescr: HandleKind = 100u16;
-    pub const cusparseSpSVDescr: HandleKind = 101u16;
-    pub const cusparseSpVecDescr: HandleKind = 102u16;
-    pub const gesvdjInfo: HandleKind = 103u16;
-    pub const ncclComm: HandleKind = 104u16;
-    pub const ncclWindow: HandleKind = 105u16;
-    pub const ncclWindow_vidmem: HandleKind = 106u16;
-    pub const nvmlComputeInstance_st: HandleKind = 107u16;
-    pub const nvmlDevice_st: HandleKind = 108u16;
-    pub const nvmlGpmSample_st: HandleKind = 109u16;
-    pub const nvmlGpuInstance_st: HandleKind = 110u16;
-    pub const nvmlUnit_st: HandleKind = 111u16;
-    pub const pruneInfo: HandleKind = 112u16;
-    pub const syevjInfo: HandleKind = 113u16;
+    pub const CUcoredumpCallbackEntry_st: HandleKind = 2u16;
+    pub const CUctx_st: HandleKind = 3u16;
+    pub const CUdevResourceDesc_st: HandleKind = 4u16;
+    pub const CUevent_st: HandleKind = 5u16;
+    pub const CUextMemory_st: HandleKind = 6u16;
+    pub const CUextSemaphore_st: HandleKind = 7u16;
+    pub const CUexternalMemory_st: HandleKind = 8u16;
+    pub const CUexternalSemaphore_st: HandleKind = 9u16;
+    pub const CUfunc_st: HandleKind = 10u16;
+    pub const CUgraphExec_st: HandleKind = 11u16;
+    pub const CUgraphNode_st: HandleKind = 12u16;
+    pub const CUgraph_st: HandleKind = 13u16;
+    pub const CUgraphicsResource_st: HandleKind = 14u16;
+    pub const CUgreenCtx_st: HandleKind = 15u16;
+    pub const CUkern_st: HandleKind = 16u16;
+    pub const CUlib_st: HandleKind = 17u16;
+    pub const CUlogsCallbackEntry_st: HandleKind = 18u16;
+    pub const CUmemGenericAllocationHandle: HandleKind = 19u16;
+    pub const CUmemPoolHandle_st: HandleKind = 20u16;
+    pub const CUmipmappedArray_st: HandleKind = 21u16;
+    pub const CUmod_st: HandleKind = 22u16;
+    pub const CUstream_st: HandleKind = 23u16;
+    pub const CUsurfref_st: HandleKind = 24u16;
+    pub const CUtexref_st: HandleKind = 25u16;
+    pub const CUuserObject_st: HandleKind = 26u16;
+    pub const bsric02Info: HandleKind = 27u16;
+    pub const bsrilu02Info: HandleKind = 28u16;
+    pub const bsrsm2Info: HandleKind = 29u16;
+    pub const bsrsv2Info: HandleKind = 30u16;
+    pub const csrcholInfo: HandleKind = 31u16;
+    pub const csrcholInfoHost: HandleKind = 32u16;
+    pub const csrgemm2Info: HandleKind = 33u16;
+    pub const csric02Info: HandleKind = 34u16;
+    pub const csrilu02Info: HandleKind = 35u16;
+    pub const csrluInfoHost: HandleKind = 36u16;
+    pub const csrqrInfo: HandleKind = 37u16;
+    pub const csrqrInfoHost: HandleKind = 38u16;
+    pub const csrsm2Info: HandleKind = 39u16;
+    pub const csrsv2Info: HandleKind = 40u16;
+    pub const csru2csrInfo: HandleKind = 41u16;
+    pub const cublasContext: HandleKind = 42u16;
+    pub const cublasLtContext: HandleKind = 43u16;
+    pub const cublasLtEmulationDescOpaque_t: HandleKind = 44u16;
+    pub const cublasLtMatmulDescOpaque_t: HandleKind = 45u16;
+    pub const cublasLtMatmulPreferenceOpaque_t: HandleKind = 46u16;
+    pub const cublasLtMatrixLayoutOpaque_t: HandleKind = 47u16;
+    pub const cublasLtMatrixTransformDescOpaque_t: HandleKind = 48u16;
+    pub const cublasXtContext: HandleKind = 49u16;
+    pub const cudaArray: HandleKind = 50u16;
+    pub const cudaAsyncCallbackEntry: HandleKind = 51u16;
+    pub const cudaExecutionContext_st: HandleKind = 52u16;
+    pub const cudaGraphicsResource: HandleKind = 53u16;
+    pub const cudaMipmappedArray: HandleKind = 54u16;
+    pub const cudnnActivationStruct: HandleKind = 55u16;
+    pub const cudnnAlgorithmPerformanceStruct: HandleKind = 56u16;
+    pub const cudnnAlgorithmStruct: HandleKind = 57u16;
+    pub const cudnnAttnStruct: HandleKind = 58u16;
+    pub const cudnnBackendDescriptor_t: HandleKind = 59u16;
+    pub const cudnnCTCLossStruct: HandleKind = 60u16;
+    pub const cudnnContext: HandleKind = 61u16;
+    pub const cudnnConvolutionStruct: HandleKind = 62u16;
+    pub const cudnnDropoutStruct: HandleKind = 63u16;
+    pub const cudnnFilterStruct: HandleKind = 64u16;
+    pub const cudnnFusedOpsConstParamStruct: HandleKind = 65u16;
+    pub const cudnnFusedOpsPlanStruct: HandleKind = 66u16;
+    pub const cudnnFusedOpsVariantParamStruct: HandleKind = 67u16;
+    pub const cudnnLRNStruct: HandleKind = 68u16;
+    pub const cudnnOpTensorStruct: HandleKind = 69u16;
+    pub const cudnnPersistentRNNPlan: HandleKind = 70u16;
+    pub const cudnnPoolingStruct: HandleKind = 71u16;
+    pub const cudnnRNNDataStruct: HandleKind = 72u16;
+    pub const cudnnRNNStruct: HandleKind = 73u16;
+    pub const cudnnReduceTensorStruct: HandleKind = 74u16;
+    pub const cudnnRuntimeTag_t: HandleKind = 75u16;
+    pub const cudnnSeqDataStruct: HandleKind = 76u16;
+    pub const cudnnSpatialTransformerStruct: HandleKind = 77u16;
+    pub const cudnnTensorStruct: HandleKind = 78u16;
+    pub const cudnnTensorTransformStruct: HandleKind = 79u16;
+    pub const curandDiscreteDistribution_st: HandleKind = 80u16;
+    pub const curandGenerator_st: HandleKind = 81u16;
+    pub const cusolverDnContext: HandleKind = 82u16;
+    pub const cusolverDnIRSInfos: HandleKind = 83u16;
+    pub const cusolverDnIRSParams: HandleKind = 84u16;
+    pub const cusolverDnParams: HandleKind = 85u16;
+    pub const cusolverRfCommon: HandleKind = 86u16;
+    pub const cusolverSpContext: HandleKind = 87u16;
+    pub const cusparseColorInfo: HandleKind = 88u16;
+    pub const cusparseContext: HandleKind = 89u16;
+    pub const cusparseDnMatDescr: HandleKind = 90u16;
+    pub const cusparseDnVecDescr: HandleKind = 91u16;
+    pub const cusparseLtHandle_t: HandleKind = 92u16;
+    pub const cusparseLtMatDescriptor_t: HandleKind = 93u16;
+    pub const cusparseLtMatmulAlgSelection_t: HandleKind = 94u16;
+    pub const cusparseLtMatmulDescriptor_t: HandleKind = 95u16;
+    pub const cusparseLtMatmulPlan_t: HandleKind = 96u16;
+    pub const cusparseMatDescr: HandleKind = 97u16;
+    pub const cusparseSpGEAMDescr: HandleKind = 98u16;
+    pub const cusparseSpGEMMDescr: HandleKind = 99u16;
+    pub const cusparseSpMMOpPlan: HandleKind = 100u16;
+    pub const cusparseSpMatDescr: HandleKind = 101u16;
+    pub const cusparseSpSMDescr: HandleKind = 102u16;
+    pub const cusparseSpSVDescr: HandleKind = 103u16;
+    pub const cusparseSpVecDescr: HandleKind = 104u16;
+    pub const gesvdjInfo: HandleKind = 105u16;
+    pub const ncclComm: HandleKind = 106u16;
+    pub const ncclParamHandle: HandleKind = 107u16;
+    pub const ncclWindow: HandleKind = 108u16;
+    pub const ncclWindow_vidmem: HandleKind = 109u16;
+    pub const nvmlComputeInstance_st: HandleKind = 110u16;
+    pub const nvmlDevice_st: HandleKind = 111u16;
+    pub const nvmlEventSet_st: HandleKind = 112u16;
+    pub const nvmlGpmSample_st: HandleKind = 113u16;
+    pub const nvmlGpuInstance_st: HandleKind = 114u16;
+    pub const nvmlUnit_st: HandleKind = 115u16;
+    pub const pruneInfo: HandleKind = 116u16;
+    pub const syevjInfo: HandleKind = 117u16;
 }

@@ -85,6 +85,12 @@ pub static PROCS: &[ProcEntry] = &[
         symbol: "cuArrayGetSparseProperties",
     },
     ProcEntry {
+        base: "cuCheckpointOperationComplete",
+        version: 13040u32,
+        per_thread: false,
+        symbol: "cuCheckpointOperationComplete",
+    },
+    ProcEntry {
         base: "cuCheckpointProcessCheckpoint",
         version: 12080u32,
         per_thread: false,
@@ -121,6 +127,18 @@ pub static PROCS: &[ProcEntry] = &[
         symbol: "cuCheckpointProcessUnlock",
     },
     ProcEntry {
+        base: "cuCoredumpDeregisterCompleteCallback",
+        version: 13020u32,
+        per_thread: false,
+        symbol: "cuCoredumpDeregisterCompleteCallback",
+    },
+    ProcEntry {
+        base: "cuCoredumpDeregisterStartCallback",
+        version: 13020u32,
+        per_thread: false,
+        symbol: "cuCoredumpDeregisterStartCallback",
+    },
+    ProcEntry {
         base: "cuCoredumpGetAttribute",
         version: 12010u32,
         per_thread: false,
@@ -131,6 +149,18 @@ pub static PROCS: &[ProcEntry] = &[
         version: 12010u32,
         per_thread: false,
         symbol: "cuCoredumpGetAttributeGlobal",
+    },
+    ProcEntry {
+        base: "cuCoredumpRegisterCompleteCallback",
+        version: 13020u32,
+        per_thread: false,
+        symbol: "cuCoredumpRegisterCompleteCallback",
+    },
+    ProcEntry {
+        base: "cuCoredumpRegisterStartCallback",
+        version: 13020u32,
+        per_thread: false,
+        symbol: "cuCoredumpRegisterStartCallback",
     },
     ProcEntry {
         base: "cuCoredumpSetAttribute",
@@ -427,6 +457,18 @@ pub static PROCS: &[ProcEntry] = &[
         symbol: "cuDeviceGetByPCIBusId",
     },
     ProcEntry {
+        base: "cuDeviceGetCliqueCount",
+        version: 13040u32,
+        per_thread: false,
+        symbol: "cuDeviceGetCliqueCount",
+    },
+    ProcEntry {
+        base: "cuDeviceGetCliqueInfo",
+        version: 13040u32,
+        per_thread: false,
+        symbol: "cuDeviceGetCliqueInfo",
+    },
+    ProcEntry {
         base: "cuDeviceGetCount",
         version: 2000u32,
         per_thread: false,
@@ -449,6 +491,12 @@ pub static PROCS: &[ProcEntry] = &[
         version: 11040u32,
         per_thread: false,
         symbol: "cuDeviceGetExecAffinitySupport",
+    },
+    ProcEntry {
+        base: "cuDeviceGetFabricClusterUuid",
+        version: 13040u32,
+        per_thread: false,
+        symbol: "cuDeviceGetFabricClusterUuid",
     },
     ProcEntry {
         base: "cuDeviceGetGraphMemAttribute",
@@ -703,6 +751,18 @@ pub static PROCS: &[ProcEntry] = &[
         symbol: "cuExternalMemoryGetMappedMipmappedArray",
     },
     ProcEntry {
+        base: "cuFabricCpyBatchAsync",
+        version: 13050u32,
+        per_thread: false,
+        symbol: "cuFabricCpyBatchAsync",
+    },
+    ProcEntry {
+        base: "cuFabricCpyBatchAsync",
+        version: 13050u32,
+        per_thread: true,
+        symbol: "cuFabricCpyBatchAsync_ptsz",
+    },
+    ProcEntry {
         base: "cuFlushGPUDirectRDMAWrites",
         version: 11030u32,
         per_thread: false,
@@ -725,6 +785,12 @@ pub static PROCS: &[ProcEntry] = &[
         version: 12030u32,
         per_thread: false,
         symbol: "cuFuncGetName",
+    },
+    ProcEntry {
+        base: "cuFuncGetParamCount",
+        version: 13020u32,
+        per_thread: false,
+        symbol: "cuFuncGetParamCount",
     },
     ProcEntry {
         base: "cuFuncGetParamInfo",
@@ -911,6 +977,12 @@ pub static PROCS: &[ProcEntry] = &[
         version: 12030u32,
         per_thread: false,
         symbol: "cuGraphAddNode_v2",
+    },
+    ProcEntry {
+        base: "cuGraphAddNode",
+        version: 13040u32,
+        per_thread: false,
+        symbol: "cuGraphAddNode_v3",
     },
     ProcEntry {
         base: "cuGraphBatchMemOpNodeGetParams",
@@ -1327,6 +1399,12 @@ pub static PROCS: &[ProcEntry] = &[
         symbol: "cuGraphNodeGetLocalId",
     },
     ProcEntry {
+        base: "cuGraphNodeGetParams",
+        version: 13020u32,
+        per_thread: false,
+        symbol: "cuGraphNodeGetParams",
+    },
+    ProcEntry {
         base: "cuGraphNodeGetToolsId",
         version: 13010u32,
         per_thread: false,
@@ -1349,6 +1427,12 @@ pub static PROCS: &[ProcEntry] = &[
         version: 12020u32,
         per_thread: false,
         symbol: "cuGraphNodeSetParams",
+    },
+    ProcEntry {
+        base: "cuGraphNodeSetParams",
+        version: 13040u32,
+        per_thread: false,
+        symbol: "cuGraphNodeSetParams_v2",
     },
     ProcEntry {
         base: "cuGraphReleaseUserObject",
@@ -1573,6 +1657,12 @@ pub static PROCS: &[ProcEntry] = &[
         symbol: "cuKernelGetName",
     },
     ProcEntry {
+        base: "cuKernelGetParamCount",
+        version: 13020u32,
+        per_thread: false,
+        symbol: "cuKernelGetParamCount",
+    },
+    ProcEntry {
         base: "cuKernelGetParamInfo",
         version: 12040u32,
         per_thread: false,
@@ -1637,6 +1727,18 @@ pub static PROCS: &[ProcEntry] = &[
         version: 10000u32,
         per_thread: true,
         symbol: "cuLaunchHostFunc_ptsz",
+    },
+    ProcEntry {
+        base: "cuLaunchHostFunc",
+        version: 13010u32,
+        per_thread: false,
+        symbol: "cuLaunchHostFunc_v2",
+    },
+    ProcEntry {
+        base: "cuLaunchHostFunc",
+        version: 13010u32,
+        per_thread: true,
+        symbol: "cuLaunchHostFunc_v2_ptsz",
     },
     ProcEntry {
         base: "cuLaunchKernel",
@@ -1769,6 +1871,78 @@ pub static PROCS: &[ProcEntry] = &[
         version: 5050u32,
         per_thread: false,
         symbol: "cuLinkDestroy",
+    },
+    ProcEntry {
+        base: "cuLogicalEndpointAddDevice",
+        version: 13030u32,
+        per_thread: false,
+        symbol: "cuLogicalEndpointAddDevice",
+    },
+    ProcEntry {
+        base: "cuLogicalEndpointBindAddr",
+        version: 13030u32,
+        per_thread: false,
+        symbol: "cuLogicalEndpointBindAddr",
+    },
+    ProcEntry {
+        base: "cuLogicalEndpointBindMem",
+        version: 13030u32,
+        per_thread: false,
+        symbol: "cuLogicalEndpointBindMem",
+    },
+    ProcEntry {
+        base: "cuLogicalEndpointCreate",
+        version: 13030u32,
+        per_thread: false,
+        symbol: "cuLogicalEndpointCreate",
+    },
+    ProcEntry {
+        base: "cuLogicalEndpointDestroy",
+        version: 13030u32,
+        per_thread: false,
+        symbol: "cuLogicalEndpointDestroy",
+    },
+    ProcEntry {
+        base: "cuLogicalEndpointExport",
+        version: 13030u32,
+        per_thread: false,
+        symbol: "cuLogicalEndpointExport",
+    },
+    ProcEntry {
+        base: "cuLogicalEndpointGetLimits",
+        version: 13030u32,
+        per_thread: false,
+        symbol: "cuLogicalEndpointGetLimits",
+    },
+    ProcEntry {
+        base: "cuLogicalEndpointIdRelease",
+        version: 13030u32,
+        per_thread: false,
+        symbol: "cuLogicalEndpointIdRelease",
+    },
+    ProcEntry {
+        base: "cuLogicalEndpointIdReserve",
+        version: 13030u32,
+        per_thread: false,
+        symbol: "cuLogicalEndpointIdReserve",
+    },
+    ProcEntry {
+        base: "cuLogicalEndpointImport",
+        version: 13030u32,
+        per_thread: false,
+        symbol: "cuLogicalEndpointImport",
+    },
+    ProcEntry {
+        base: "cuLogicalEndpointQuery",
+        version: 13030u32,
+        per_thread: false,
+        symbol: "cuLogicalEndpointQuery",
+    },
+    ProcEntry {
+        base: "cuLogicalEndpointUnbind",
+        version: 13030u32,
+        per_thread: false,
+        symbol: "cuLogicalEndpointUnbind",
     },
     ProcEntry {
         base: "cuLogsCurrent",
@@ -2021,6 +2195,12 @@ pub static PROCS: &[ProcEntry] = &[
         version: 3020u32,
         per_thread: false,
         symbol: "cuMemGetInfo_v2",
+    },
+    ProcEntry {
+        base: "cuMemGetLocationInfo",
+        version: 13040u32,
+        per_thread: false,
+        symbol: "cuMemGetLocationInfo",
     },
     ProcEntry {
         base: "cuMemGetMemPool",
@@ -2389,6 +2569,18 @@ pub static PROCS: &[ProcEntry] = &[
         symbol: "cuMemcpy3DPeerAsync_ptsz",
     },
     ProcEntry {
+        base: "cuMemcpy3DWithAttributesAsync",
+        version: 13020u32,
+        per_thread: false,
+        symbol: "cuMemcpy3DWithAttributesAsync",
+    },
+    ProcEntry {
+        base: "cuMemcpy3DWithAttributesAsync",
+        version: 13020u32,
+        per_thread: true,
+        symbol: "cuMemcpy3DWithAttributesAsync_ptsz",
+    },
+    ProcEntry {
         base: "cuMemcpyAsync",
         version: 4000u32,
         per_thread: false,
@@ -2681,6 +2873,18 @@ pub static PROCS: &[ProcEntry] = &[
         version: 7000u32,
         per_thread: true,
         symbol: "cuMemcpyPeerAsync_ptsz",
+    },
+    ProcEntry {
+        base: "cuMemcpyWithAttributesAsync",
+        version: 13020u32,
+        per_thread: false,
+        symbol: "cuMemcpyWithAttributesAsync",
+    },
+    ProcEntry {
+        base: "cuMemcpyWithAttributesAsync",
+        version: 13020u32,
+        per_thread: true,
+        symbol: "cuMemcpyWithAttributesAsync_ptsz",
     },
     ProcEntry {
         base: "cuMemsetD16",
@@ -3193,6 +3397,18 @@ pub static PROCS: &[ProcEntry] = &[
         symbol: "cuStreamBeginCapture_v2_ptsz",
     },
     ProcEntry {
+        base: "cuStreamBeginCaptureToCig",
+        version: 13010u32,
+        per_thread: false,
+        symbol: "cuStreamBeginCaptureToCig",
+    },
+    ProcEntry {
+        base: "cuStreamBeginCaptureToCig",
+        version: 13010u32,
+        per_thread: true,
+        symbol: "cuStreamBeginCaptureToCig_ptsz",
+    },
+    ProcEntry {
         base: "cuStreamBeginCaptureToGraph",
         version: 12030u32,
         per_thread: false,
@@ -3203,6 +3419,18 @@ pub static PROCS: &[ProcEntry] = &[
         version: 12030u32,
         per_thread: true,
         symbol: "cuStreamBeginCaptureToGraph_ptsz",
+    },
+    ProcEntry {
+        base: "cuStreamBeginRecaptureToGraph",
+        version: 13030u32,
+        per_thread: false,
+        symbol: "cuStreamBeginRecaptureToGraph",
+    },
+    ProcEntry {
+        base: "cuStreamBeginRecaptureToGraph",
+        version: 13030u32,
+        per_thread: true,
+        symbol: "cuStreamBeginRecaptureToGraph_ptsz",
     },
     ProcEntry {
         base: "cuStreamCopyAttributes",
@@ -3251,6 +3479,18 @@ pub static PROCS: &[ProcEntry] = &[
         version: 10000u32,
         per_thread: true,
         symbol: "cuStreamEndCapture_ptsz",
+    },
+    ProcEntry {
+        base: "cuStreamEndCaptureToCig",
+        version: 13010u32,
+        per_thread: false,
+        symbol: "cuStreamEndCaptureToCig",
+    },
+    ProcEntry {
+        base: "cuStreamEndCaptureToCig",
+        version: 13010u32,
+        per_thread: true,
+        symbol: "cuStreamEndCaptureToCig_ptsz",
     },
     ProcEntry {
         base: "cuStreamGetAttribute",
@@ -3623,6 +3863,12 @@ pub static PROCS: &[ProcEntry] = &[
         version: 12000u32,
         per_thread: false,
         symbol: "cuTensorMapReplaceAddress",
+    },
+    ProcEntry {
+        base: "cuTensorMapSetAllocationClass",
+        version: 13050u32,
+        per_thread: false,
+        symbol: "cuTensorMapSetAllocationClass",
     },
     ProcEntry {
         base: "cuTexObjectCreate",

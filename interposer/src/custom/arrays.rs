@@ -1236,13 +1236,29 @@ fn cu_batch_3d(ctx: &Ctx, num_ops: usize, ops: u64, fail: u64, stream: u64) -> u
 /// Batches of copies of both APIs (`raw_args`, the stream last): cudaMemcpyBatchAsync and
 /// cuMemcpyBatchAsync (dsts, srcs, sizes, count, attributes, their indices, their count,
 /// [failIdx,] stream) and the 3D batches (count, operations, [failIdx,] flags, stream). The
-/// failure index is 12.8's, gone in 13.0 (one argument fewer).
+/// failure index is 12.8's, gone in 13.0 (one argument fewer). CUDA 13.5's single copies
+/// with attributes are batches of one: (dst, src, size, attributes, stream) and (operation,
+/// flags, stream). The attributes only say how the copy may overlap other work; each copy
+/// goes in stream order, which every ordering they name allows.
 pub unsafe fn batch_raw(ctx: &Ctx, args: &[u64]) -> u64 {
     let word = |i: usize| args.get(i).copied().unwrap_or(0);
     let n = args.len();
     let stream = stream_of(ctx, word(n.saturating_sub(1)) as *mut c_void);
     let driver = ctx.library == "driver";
-    let status = if ctx.name.contains("3DBatch") {
+    let status = if ctx.name.contains("3DWithAttributes") {
+        if driver { cu_batch_3d(ctx, 1, word(0), 0, stream) } else { batch_3d(ctx, 1, word(0), 0, stream) }
+    } else if ctx.name.contains("WithAttributes") {
+        if word(3) == 0 {
+            return u64::from(invalid(ctx));
+        }
+        let [dst, src, size] = [word(0), word(1), word(2)];
+        let (dsts, srcs, sizes) = (&raw const dst as u64, &raw const src as u64, &raw const size as u64);
+        if driver {
+            cu_batch(ctx, dsts, srcs, sizes, 1, 0, stream)
+        } else {
+            batch(ctx, dsts, srcs, sizes, 1, 0, stream)
+        }
+    } else if ctx.name.contains("3DBatch") {
         let fail = if n == 5 { word(2) } else { 0 };
         let count = word(0) as usize;
         if driver {

@@ -629,6 +629,22 @@ pub unsafe fn launch_host_func(ctx: &Ctx, stream: *mut c_void, f: *mut c_void, u
     )
 }
 
+/// cudaLaunchHostFunc_v2 and its per-thread form (CUDA 13.5): cudaLaunchHostFunc with how
+/// CUDA's thread waits for the function, one of `cudaHostTaskSyncMode` (the driver's values).
+pub unsafe fn launch_host_func_v2(
+    ctx: &Ctx,
+    stream: *mut c_void,
+    f: *mut c_void,
+    user: *mut c_void,
+    sync_mode: u32,
+) -> u32 {
+    if !crate::custom::driver::host_sync_mode_known(sync_mode) {
+        return INVALID_VALUE;
+    }
+    // SAFETY: forwarded contract.
+    unsafe { launch_host_func(ctx, stream, f, user) }
+}
+
 /// cudaStreamAddCallback and cudaStreamAddCallback_ptsz.
 pub unsafe fn stream_callback(ctx: &Ctx, stream: *mut c_void, cb: *mut c_void, user: *mut c_void, flags: u32) -> u32 {
     let desc = ctx.form(Form::Host);

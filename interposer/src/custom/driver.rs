@@ -481,7 +481,47 @@ pub unsafe fn launch_host_function(ctx: &Ctx, stream: *mut c_void, f: *mut c_voi
     launch_host_func(ctx.form(Form::Host), stream, f, data)
 }
 
+/// Whether `mode` is a sync mode of cuLaunchHostFunc_v2 and cudaLaunchHostFunc_v2 (CUDA
+/// 13.5). Either way the server's CUDA thread waits blocking: the function runs on the
+/// client, a network round trip away, where spinning would only hold a server core.
+pub(crate) fn host_sync_mode_known(mode: u32) -> bool {
+    use chidori_cuda::consts::CUhostTaskSyncMode_enum::{CU_HOST_TASK_BLOCKING, CU_HOST_TASK_SPINWAIT};
+    matches!(mode, CU_HOST_TASK_BLOCKING | CU_HOST_TASK_SPINWAIT)
+}
+
+/// cuLaunchHostFunc_v2 and its per-thread form (CUDA 13.5).
+pub unsafe fn launch_host_function_v2(
+    ctx: &Ctx,
+    stream: *mut c_void,
+    f: *mut c_void,
+    data: *mut c_void,
+    sync_mode: u32,
+) -> u32 {
+    if !host_sync_mode_known(sync_mode) {
+        return INVALID_VALUE;
+    }
+    launch_host_func(ctx.form(Form::Host), stream, f, data)
+}
+
 // ---- Modules and launches ----
+
+/// cuFuncGetParamCount and cuKernelGetParamCount (CUDA 13.5): how many parameters the
+/// function's layout has (a module loaded through the client brought it; others are asked
+/// of the server once).
+pub unsafe fn get_param_count(ctx: &Ctx, f: *mut c_void, count: *mut c_void) -> u32 {
+    driver(ctx.name, || {
+        if f.is_null() {
+            return Err(ctx.status(ctx.codes.invalid_handle));
+        }
+        if count.is_null() {
+            return Err(INVALID_VALUE);
+        }
+        let conn = connection()?;
+        let params = modules::function_params(&conn, f as u64)?;
+        // SAFETY: the caller's size_t.
+        unsafe { put(count, params.len()) }
+    })
+}
 
 use chidori_protocol::messages::Api;
 

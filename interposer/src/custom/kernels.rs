@@ -878,6 +878,21 @@ pub unsafe fn func_get_param_info(
     })
 }
 
+/// cudaFuncGetParamCount (CUDA 13.5): how many parameters the kernel's layout has.
+pub unsafe fn func_get_param_count(ctx: &Ctx, func: *mut c_void, count: *mut c_void) -> u32 {
+    runtime(ctx.name, || {
+        let kernel = kernel_of_any(func)?;
+        let conn = connection()?;
+        let f = function_of(&conn, kernel)?;
+        if count.is_null() {
+            return Err(INVALID_VALUE);
+        }
+        // SAFETY: the caller's size_t.
+        unsafe { std::ptr::write_unaligned(count as *mut usize, f.params.len()) };
+        Ok(SUCCESS)
+    })
+}
+
 /// cudaGetFuncBySymbol: the registered kernel's function on the server.
 pub unsafe fn get_func_by_symbol(ctx: &Ctx, function: *mut c_void, symbol: *mut c_void) -> u32 {
     runtime(ctx.name, || {

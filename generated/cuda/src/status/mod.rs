@@ -9,6 +9,7 @@ pub mod v12_6;
 pub mod v12_8;
 pub mod v13_0;
 pub mod v13_1;
+pub mod v13_5;
 /// One status value: number, name and a one-sentence message, both NUL-terminated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Status {
@@ -25,6 +26,7 @@ pub static BY_VERSION: &[(&str, Tables)] = &[
     ("12.8", v12_8::LIBRARIES),
     ("13.0", v13_0::LIBRARIES),
     ("13.1", v13_1::LIBRARIES),
+    ("13.5", v13_5::LIBRARIES),
 ];
 /// (library, function) of each library's error-string function: one status in,
 /// a static text out. The server calls only these for a client's status texts.

@@ -9,6 +9,7 @@ pub mod v12_6;
 pub mod v12_8;
 pub mod v13_0;
 pub mod v13_1;
+pub mod v13_5;
 /// A field: name, offset and size in bytes, and its type as the IR spells it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FieldMap {
@@ -32,6 +33,7 @@ pub static BY_VERSION: &[(&str, &[StructMap])] = &[
     ("12.8", v12_8::STRUCTS),
     ("13.0", v13_0::STRUCTS),
     ("13.1", v13_1::STRUCTS),
+    ("13.5", v13_5::STRUCTS),
 ];
 /// The map of `name` at CUDA `version`.
 pub fn get(version: &str, name: &str) -> Option<&'static StructMap> {

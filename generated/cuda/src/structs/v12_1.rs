@@ -1439,6 +1439,43 @@ pub static STRUCTS: &[StructMap] = &[
         ],
     },
     StructMap {
+        name: "CUpti_ActivityEnvironment",
+        size: 40u32,
+        union: false,
+        fields: &[
+            FieldMap {
+                name: "kind",
+                offset: 0u32,
+                size: 4u32,
+                ty: "CUpti_ActivityKind",
+            },
+            FieldMap {
+                name: "deviceId",
+                offset: 4u32,
+                size: 4u32,
+                ty: "u32",
+            },
+            FieldMap {
+                name: "timestamp",
+                offset: 8u32,
+                size: 8u32,
+                ty: "u64",
+            },
+            FieldMap {
+                name: "environmentKind",
+                offset: 16u32,
+                size: 4u32,
+                ty: "CUpti_ActivityEnvironmentKind",
+            },
+            FieldMap {
+                name: "data",
+                offset: 20u32,
+                size: 20u32,
+                ty: "CUpti_ActivityEnvironment__bindgen_ty_1",
+            },
+        ],
+    },
+    StructMap {
         name: "CUpti_ActivityInstantaneousMetric",
         size: 32u32,
         union: false,
@@ -1750,6 +1787,67 @@ pub static STRUCTS: &[StructMap] = &[
         ],
     },
     StructMap {
+        name: "CUpti_ActivityPcie",
+        size: 168u32,
+        union: false,
+        fields: &[
+            FieldMap {
+                name: "kind",
+                offset: 0u32,
+                size: 4u32,
+                ty: "CUpti_ActivityKind",
+            },
+            FieldMap {
+                name: "type",
+                offset: 4u32,
+                size: 4u32,
+                ty: "CUpti_PcieDeviceType",
+            },
+            FieldMap {
+                name: "id",
+                offset: 8u32,
+                size: 4u32,
+                ty: "CUpti_ActivityPcie__bindgen_ty_1",
+            },
+            FieldMap {
+                name: "domain",
+                offset: 12u32,
+                size: 4u32,
+                ty: "u32",
+            },
+            FieldMap {
+                name: "pcieGeneration",
+                offset: 16u32,
+                size: 2u32,
+                ty: "u16",
+            },
+            FieldMap {
+                name: "linkRate",
+                offset: 18u32,
+                size: 2u32,
+                ty: "u16",
+            },
+            FieldMap {
+                name: "linkWidth",
+                offset: 20u32,
+                size: 2u32,
+                ty: "u16",
+            },
+            FieldMap {
+                name: "upstreamBus",
+                offset: 22u32,
+                size: 2u32,
+                ty: "u16",
+            },
+            FieldMap {
+                name: "attr",
+                offset: 24u32,
+                size: 144u32,
+                ty: "CUpti_ActivityPcie__bindgen_ty_2",
+            },
+        ],
+    },
+    StructMap {
         name: "CUpti_MetricValue",
         size: 8u32,
         union: true,
@@ -1913,6 +2011,19 @@ pub static STRUCTS: &[StructMap] = &[
     },
     StructMap {
         name: "cublasLtMatmulPreferenceOpaque_t",
+        size: 64u32,
+        union: false,
+        fields: &[
+            FieldMap {
+                name: "data",
+                offset: 0u32,
+                size: 64u32,
+                ty: "[u64; 8]",
+            },
+        ],
+    },
+    StructMap {
+        name: "cublasLtMatrixLayoutOpaque_t",
         size: 64u32,
         union: false,
         fields: &[

@@ -290,6 +290,19 @@ pub static STRUCTS: &[StructMap] = &[
         ],
     },
     StructMap {
+        name: "CUDA_EVENT_RECORD_NODE_PARAMS_st",
+        size: 8u32,
+        union: false,
+        fields: &[
+            FieldMap {
+                name: "event",
+                offset: 0u32,
+                size: 8u32,
+                ty: "CUevent",
+            },
+        ],
+    },
+    StructMap {
         name: "CUDA_EXTERNAL_MEMORY_BUFFER_DESC_st",
         size: 88u32,
         union: false,
@@ -352,6 +365,56 @@ pub static STRUCTS: &[StructMap] = &[
         ],
     },
     StructMap {
+        name: "CUDA_EXT_SEM_SIGNAL_NODE_PARAMS_v2_st",
+        size: 24u32,
+        union: false,
+        fields: &[
+            FieldMap {
+                name: "extSemArray",
+                offset: 0u32,
+                size: 8u32,
+                ty: "*mut CUexternalSemaphore",
+            },
+            FieldMap {
+                name: "paramsArray",
+                offset: 8u32,
+                size: 8u32,
+                ty: "*const CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS",
+            },
+            FieldMap {
+                name: "numExtSems",
+                offset: 16u32,
+                size: 4u32,
+                ty: "u32",
+            },
+        ],
+    },
+    StructMap {
+        name: "CUDA_EXT_SEM_WAIT_NODE_PARAMS_v2_st",
+        size: 24u32,
+        union: false,
+        fields: &[
+            FieldMap {
+                name: "extSemArray",
+                offset: 0u32,
+                size: 8u32,
+                ty: "*mut CUexternalSemaphore",
+            },
+            FieldMap {
+                name: "paramsArray",
+                offset: 8u32,
+                size: 8u32,
+                ty: "*const CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS",
+            },
+            FieldMap {
+                name: "numExtSems",
+                offset: 16u32,
+                size: 4u32,
+                ty: "u32",
+            },
+        ],
+    },
+    StructMap {
         name: "CUDA_GRAPH_INSTANTIATE_PARAMS_st",
         size: 32u32,
         union: false,
@@ -379,6 +442,25 @@ pub static STRUCTS: &[StructMap] = &[
                 offset: 24u32,
                 size: 4u32,
                 ty: "CUgraphInstantiateResult",
+            },
+        ],
+    },
+    StructMap {
+        name: "CUDA_HOST_NODE_PARAMS_v2_st",
+        size: 16u32,
+        union: false,
+        fields: &[
+            FieldMap {
+                name: "fn",
+                offset: 0u32,
+                size: 8u32,
+                ty: "CUhostFn",
+            },
+            FieldMap {
+                name: "userData",
+                offset: 8u32,
+                size: 8u32,
+                ty: "*mut void",
             },
         ],
     },
@@ -482,6 +564,43 @@ pub static STRUCTS: &[StructMap] = &[
                 offset: 120u32,
                 size: 8u32,
                 ty: "usize",
+            },
+        ],
+    },
+    StructMap {
+        name: "CUDA_MEMCPY3D_BATCH_OP_st",
+        size: 112u32,
+        union: false,
+        fields: &[
+            FieldMap {
+                name: "src",
+                offset: 0u32,
+                size: 40u32,
+                ty: "CUmemcpy3DOperand",
+            },
+            FieldMap {
+                name: "dst",
+                offset: 40u32,
+                size: 40u32,
+                ty: "CUmemcpy3DOperand",
+            },
+            FieldMap {
+                name: "extent",
+                offset: 80u32,
+                size: 24u32,
+                ty: "CUextent3D",
+            },
+            FieldMap {
+                name: "srcAccessOrder",
+                offset: 104u32,
+                size: 4u32,
+                ty: "CUmemcpySrcAccessOrder",
+            },
+            FieldMap {
+                name: "flags",
+                offset: 108u32,
+                size: 4u32,
+                ty: "u32",
             },
         ],
     },
@@ -843,6 +962,80 @@ pub static STRUCTS: &[StructMap] = &[
         ],
     },
     StructMap {
+        name: "CUDA_MEM_ALLOC_NODE_PARAMS_v1_st",
+        size: 120u32,
+        union: false,
+        fields: &[
+            FieldMap {
+                name: "poolProps",
+                offset: 0u32,
+                size: 88u32,
+                ty: "CUmemPoolProps",
+            },
+            FieldMap {
+                name: "accessDescs",
+                offset: 88u32,
+                size: 8u32,
+                ty: "*const CUmemAccessDesc",
+            },
+            FieldMap {
+                name: "accessDescCount",
+                offset: 96u32,
+                size: 8u32,
+                ty: "usize",
+            },
+            FieldMap {
+                name: "bytesize",
+                offset: 104u32,
+                size: 8u32,
+                ty: "usize",
+            },
+            FieldMap {
+                name: "dptr",
+                offset: 112u32,
+                size: 8u32,
+                ty: "CUdeviceptr",
+            },
+        ],
+    },
+    StructMap {
+        name: "CUDA_MEM_ALLOC_NODE_PARAMS_v2_st",
+        size: 120u32,
+        union: false,
+        fields: &[
+            FieldMap {
+                name: "poolProps",
+                offset: 0u32,
+                size: 88u32,
+                ty: "CUmemPoolProps",
+            },
+            FieldMap {
+                name: "accessDescs",
+                offset: 88u32,
+                size: 8u32,
+                ty: "*const CUmemAccessDesc",
+            },
+            FieldMap {
+                name: "accessDescCount",
+                offset: 96u32,
+                size: 8u32,
+                ty: "usize",
+            },
+            FieldMap {
+                name: "bytesize",
+                offset: 104u32,
+                size: 8u32,
+                ty: "usize",
+            },
+            FieldMap {
+                name: "dptr",
+                offset: 112u32,
+                size: 8u32,
+                ty: "CUdeviceptr",
+            },
+        ],
+    },
+    StructMap {
         name: "CUDA_RESOURCE_DESC_st",
         size: 144u32,
         union: false,
@@ -1065,6 +1258,19 @@ pub static STRUCTS: &[StructMap] = &[
                 offset: 88u32,
                 size: 8u32,
                 ty: "[u32; 2]",
+            },
+        ],
+    },
+    StructMap {
+        name: "CUcheckpointCheckpointArgs_st",
+        size: 64u32,
+        union: false,
+        fields: &[
+            FieldMap {
+                name: "reserved",
+                offset: 0u32,
+                size: 64u32,
+                ty: "[cuuint64_t; 8]",
             },
         ],
     },
@@ -1712,6 +1918,56 @@ pub static STRUCTS: &[StructMap] = &[
         ],
     },
     StructMap {
+        name: "CUmemcpy3DOperand_st",
+        size: 40u32,
+        union: false,
+        fields: &[
+            FieldMap {
+                name: "type",
+                offset: 0u32,
+                size: 4u32,
+                ty: "CUmemcpy3DOperandType",
+            },
+            FieldMap {
+                name: "op",
+                offset: 8u32,
+                size: 32u32,
+                ty: "CUmemcpy3DOperand_st__bindgen_ty_1",
+            },
+        ],
+    },
+    StructMap {
+        name: "CUmemcpyAttributes_st",
+        size: 24u32,
+        union: false,
+        fields: &[
+            FieldMap {
+                name: "srcAccessOrder",
+                offset: 0u32,
+                size: 4u32,
+                ty: "CUmemcpySrcAccessOrder",
+            },
+            FieldMap {
+                name: "srcLocHint",
+                offset: 4u32,
+                size: 8u32,
+                ty: "CUmemLocation",
+            },
+            FieldMap {
+                name: "dstLocHint",
+                offset: 12u32,
+                size: 8u32,
+                ty: "CUmemLocation",
+            },
+            FieldMap {
+                name: "flags",
+                offset: 20u32,
+                size: 4u32,
+                ty: "u32",
+            },
+        ],
+    },
+    StructMap {
         name: "CUmulticastObjectProp_st",
         size: 32u32,
         union: false,
@@ -1739,6 +1995,43 @@ pub static STRUCTS: &[StructMap] = &[
                 offset: 24u32,
                 size: 8u32,
                 ty: "u64",
+            },
+        ],
+    },
+    StructMap {
+        name: "CUpti_ActivityEnvironment",
+        size: 40u32,
+        union: false,
+        fields: &[
+            FieldMap {
+                name: "kind",
+                offset: 0u32,
+                size: 4u32,
+                ty: "CUpti_ActivityKind",
+            },
+            FieldMap {
+                name: "deviceId",
+                offset: 4u32,
+                size: 4u32,
+                ty: "u32",
+            },
+            FieldMap {
+                name: "timestamp",
+                offset: 8u32,
+                size: 8u32,
+                ty: "u64",
+            },
+            FieldMap {
+                name: "environmentKind",
+                offset: 16u32,
+                size: 4u32,
+                ty: "CUpti_ActivityEnvironmentKind",
+            },
+            FieldMap {
+                name: "data",
+                offset: 20u32,
+                size: 20u32,
+                ty: "CUpti_ActivityEnvironment__bindgen_ty_1",
             },
         ],
     },
@@ -2187,6 +2480,67 @@ pub static STRUCTS: &[StructMap] = &[
         ],
     },
     StructMap {
+        name: "CUpti_ActivityPcie",
+        size: 168u32,
+        union: false,
+        fields: &[
+            FieldMap {
+                name: "kind",
+                offset: 0u32,
+                size: 4u32,
+                ty: "CUpti_ActivityKind",
+            },
+            FieldMap {
+                name: "type",
+                offset: 4u32,
+                size: 4u32,
+                ty: "CUpti_PcieDeviceType",
+            },
+            FieldMap {
+                name: "id",
+                offset: 8u32,
+                size: 4u32,
+                ty: "CUpti_ActivityPcie__bindgen_ty_1",
+            },
+            FieldMap {
+                name: "domain",
+                offset: 12u32,
+                size: 4u32,
+                ty: "u32",
+            },
+            FieldMap {
+                name: "pcieGeneration",
+                offset: 16u32,
+                size: 2u32,
+                ty: "u16",
+            },
+            FieldMap {
+                name: "linkRate",
+                offset: 18u32,
+                size: 2u32,
+                ty: "u16",
+            },
+            FieldMap {
+                name: "linkWidth",
+                offset: 20u32,
+                size: 2u32,
+                ty: "u16",
+            },
+            FieldMap {
+                name: "upstreamBus",
+                offset: 22u32,
+                size: 2u32,
+                ty: "u16",
+            },
+            FieldMap {
+                name: "attr",
+                offset: 24u32,
+                size: 144u32,
+                ty: "CUpti_ActivityPcie__bindgen_ty_2",
+            },
+        ],
+    },
+    StructMap {
         name: "CUpti_MetricValue",
         size: 8u32,
         union: true,
@@ -2375,6 +2729,19 @@ pub static STRUCTS: &[StructMap] = &[
     },
     StructMap {
         name: "cublasLtMatmulPreferenceOpaque_t",
+        size: 64u32,
+        union: false,
+        fields: &[
+            FieldMap {
+                name: "data",
+                offset: 0u32,
+                size: 64u32,
+                ty: "[u64; 8]",
+            },
+        ],
+    },
+    StructMap {
+        name: "cublasLtMatrixLayoutOpaque_t",
         size: 64u32,
         union: false,
         fields: &[
@@ -3101,6 +3468,19 @@ pub static STRUCTS: &[StructMap] = &[
         ],
     },
     StructMap {
+        name: "cudaEventRecordNodeParams",
+        size: 8u32,
+        union: false,
+        fields: &[
+            FieldMap {
+                name: "event",
+                offset: 0u32,
+                size: 8u32,
+                ty: "cudaEvent_t",
+            },
+        ],
+    },
+    StructMap {
         name: "cudaExtent",
         size: 24u32,
         union: false,
@@ -3238,6 +3618,56 @@ pub static STRUCTS: &[StructMap] = &[
             FieldMap {
                 name: "flags",
                 offset: 24u32,
+                size: 4u32,
+                ty: "u32",
+            },
+        ],
+    },
+    StructMap {
+        name: "cudaExternalSemaphoreSignalNodeParamsV2",
+        size: 24u32,
+        union: false,
+        fields: &[
+            FieldMap {
+                name: "extSemArray",
+                offset: 0u32,
+                size: 8u32,
+                ty: "*mut cudaExternalSemaphore_t",
+            },
+            FieldMap {
+                name: "paramsArray",
+                offset: 8u32,
+                size: 8u32,
+                ty: "*const cudaExternalSemaphoreSignalParams",
+            },
+            FieldMap {
+                name: "numExtSems",
+                offset: 16u32,
+                size: 4u32,
+                ty: "u32",
+            },
+        ],
+    },
+    StructMap {
+        name: "cudaExternalSemaphoreWaitNodeParamsV2",
+        size: 24u32,
+        union: false,
+        fields: &[
+            FieldMap {
+                name: "extSemArray",
+                offset: 0u32,
+                size: 8u32,
+                ty: "*mut cudaExternalSemaphore_t",
+            },
+            FieldMap {
+                name: "paramsArray",
+                offset: 8u32,
+                size: 8u32,
+                ty: "*const cudaExternalSemaphoreWaitParams",
+            },
+            FieldMap {
+                name: "numExtSems",
+                offset: 16u32,
                 size: 4u32,
                 ty: "u32",
             },
@@ -3436,6 +3866,25 @@ pub static STRUCTS: &[StructMap] = &[
                 offset: 24u32,
                 size: 4u32,
                 ty: "cudaGraphInstantiateResult",
+            },
+        ],
+    },
+    StructMap {
+        name: "cudaHostNodeParamsV2",
+        size: 16u32,
+        union: false,
+        fields: &[
+            FieldMap {
+                name: "fn",
+                offset: 0u32,
+                size: 8u32,
+                ty: "cudaHostFn_t",
+            },
+            FieldMap {
+                name: "userData",
+                offset: 8u32,
+                size: 8u32,
+                ty: "*mut void",
             },
         ],
     },
@@ -3717,6 +4166,43 @@ pub static STRUCTS: &[StructMap] = &[
         ],
     },
     StructMap {
+        name: "cudaMemAllocNodeParamsV2",
+        size: 120u32,
+        union: false,
+        fields: &[
+            FieldMap {
+                name: "poolProps",
+                offset: 0u32,
+                size: 88u32,
+                ty: "cudaMemPoolProps",
+            },
+            FieldMap {
+                name: "accessDescs",
+                offset: 88u32,
+                size: 8u32,
+                ty: "*const cudaMemAccessDesc",
+            },
+            FieldMap {
+                name: "accessDescCount",
+                offset: 96u32,
+                size: 8u32,
+                ty: "usize",
+            },
+            FieldMap {
+                name: "bytesize",
+                offset: 104u32,
+                size: 8u32,
+                ty: "usize",
+            },
+            FieldMap {
+                name: "dptr",
+                offset: 112u32,
+                size: 8u32,
+                ty: "*mut void",
+            },
+        ],
+    },
+    StructMap {
         name: "cudaMemLocation",
         size: 8u32,
         union: false,
@@ -3781,6 +4267,62 @@ pub static STRUCTS: &[StructMap] = &[
                 offset: 34u32,
                 size: 54u32,
                 ty: "[u8; 54]",
+            },
+        ],
+    },
+    StructMap {
+        name: "cudaMemcpy3DBatchOp",
+        size: 112u32,
+        union: false,
+        fields: &[
+            FieldMap {
+                name: "src",
+                offset: 0u32,
+                size: 40u32,
+                ty: "cudaMemcpy3DOperand",
+            },
+            FieldMap {
+                name: "dst",
+                offset: 40u32,
+                size: 40u32,
+                ty: "cudaMemcpy3DOperand",
+            },
+            FieldMap {
+                name: "extent",
+                offset: 80u32,
+                size: 24u32,
+                ty: "cudaExtent",
+            },
+            FieldMap {
+                name: "srcAccessOrder",
+                offset: 104u32,
+                size: 4u32,
+                ty: "cudaMemcpySrcAccessOrder",
+            },
+            FieldMap {
+                name: "flags",
+                offset: 108u32,
+                size: 4u32,
+                ty: "u32",
+            },
+        ],
+    },
+    StructMap {
+        name: "cudaMemcpy3DOperand",
+        size: 40u32,
+        union: false,
+        fields: &[
+            FieldMap {
+                name: "type",
+                offset: 0u32,
+                size: 4u32,
+                ty: "cudaMemcpy3DOperandType",
+            },
+            FieldMap {
+                name: "op",
+                offset: 8u32,
+                size: 32u32,
+                ty: "cudaMemcpy3DOperand__bindgen_ty_1",
             },
         ],
     },
@@ -3897,6 +4439,37 @@ pub static STRUCTS: &[StructMap] = &[
                 offset: 144u32,
                 size: 24u32,
                 ty: "cudaExtent",
+            },
+        ],
+    },
+    StructMap {
+        name: "cudaMemcpyAttributes",
+        size: 24u32,
+        union: false,
+        fields: &[
+            FieldMap {
+                name: "srcAccessOrder",
+                offset: 0u32,
+                size: 4u32,
+                ty: "cudaMemcpySrcAccessOrder",
+            },
+            FieldMap {
+                name: "srcLocHint",
+                offset: 4u32,
+                size: 8u32,
+                ty: "cudaMemLocation",
+            },
+            FieldMap {
+                name: "dstLocHint",
+                offset: 12u32,
+                size: 8u32,
+                ty: "cudaMemLocation",
+            },
+            FieldMap {
+                name: "flags",
+                offset: 20u32,
+                size: 4u32,
+                ty: "u32",
             },
         ],
     },
