@@ -5,6 +5,8 @@
 #   ./dev gpu                  (GPU_XTASK=1 ./dev gpu for the `core` stage: xtask instead of
 #                               the hostile binary, to stay within the device's 64 MiB)
 #   run (device): bash gpu/round.sh [STAGE...]      carry: ["target/dist"]
+#   (over the device's 64 MiB: carry ["target/dist.txz"], and run
+#    tar -C target -xJf target/dist.txz && bash gpu/round.sh [STAGE...])
 #
 # Stages (default: core kernels):
 #   profile  record the device profile the emulated backend answers from
