@@ -5555,6 +5555,7 @@ typedef int (*free_fn)(void *);
 typedef int (*reset_fn)(void);
 typedef int (*version_fn)(int *);
 #define CHECK(what, call) do { int s_ = (call); if (s_) { printf("%s failed: %d\n", what, s_); return 1; } } while (0)
+static void bump(void *p) { ++*(int *)p; }
 int main(int argc, char **argv) {
   void *rt = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
   if (!rt) { printf("dlopen: %s\n", dlerror()); return 1; }
@@ -5614,6 +5615,40 @@ int main(int argc, char **argv) {
   if (row[9] != 7.0f) { printf("the copy read stale managed memory: %f\n", row[9]); return 1; }
   CHECK("cudaFree row", release(dm));
   CHECK("cudaFree managed", release(m));
+  /* A stream, an event and host functions in stream order around an async round trip
+     (a newer runtime reaches the driver's newer entry points for some of them). */
+  int (*stream_create)(void **) = (int (*)(void **))dlsym(rt, "cudaStreamCreate");
+  int (*host_func)(void *, void (*)(void *), void *) = (int (*)(void *, void (*)(void *), void *))dlsym(rt, "cudaLaunchHostFunc");
+  int (*host_func_v2)(void *, void (*)(void *), void *, unsigned) =
+      (int (*)(void *, void (*)(void *), void *, unsigned))dlsym(rt, "cudaLaunchHostFunc_v2");
+  int (*copy_async)(void *, const void *, size_t, int, void *) =
+      (int (*)(void *, const void *, size_t, int, void *))dlsym(rt, "cudaMemcpyAsync");
+  int (*event_create)(void **) = (int (*)(void **))dlsym(rt, "cudaEventCreate");
+  int (*event_record)(void *, void *) = (int (*)(void *, void *))dlsym(rt, "cudaEventRecord");
+  int (*event_sync)(void *) = (int (*)(void *))dlsym(rt, "cudaEventSynchronize");
+  int (*stream_sync)(void *) = (int (*)(void *))dlsym(rt, "cudaStreamSynchronize");
+  void *s = 0, *ev = 0, *ds = 0;
+  /* cudaLaunchHostFunc_v2 needs a 13.5 driver: on an older one the runtime says so itself
+     (cudaErrorCallRequiresNewerDriver), as it would natively. */
+  int newer = host_func_v2 && v >= 13050;
+  int ran = 0, want = newer ? 3 : 2;
+  char src[256], dst[256];
+  for (int i = 0; i < 256; i++) src[i] = (char)(255 - i);
+  memset(dst, 0, sizeof dst);
+  CHECK("cudaStreamCreate", stream_create(&s));
+  CHECK("cudaEventCreate", event_create(&ev));
+  CHECK("cudaMalloc stream", alloc(&ds, sizeof src));
+  CHECK("cudaLaunchHostFunc", host_func(s, bump, &ran));
+  CHECK("cudaMemcpyAsync H2D", copy_async(ds, src, sizeof src, 1, s));
+  if (newer) CHECK("cudaLaunchHostFunc_v2", host_func_v2(s, bump, &ran, 0));
+  else if (host_func_v2 && host_func_v2(s, bump, &ran, 0) != 36) { printf("cudaLaunchHostFunc_v2 on driver %d\n", v); return 1; }
+  CHECK("cudaMemcpyAsync D2H", copy_async(dst, ds, sizeof dst, 2, s));
+  CHECK("cudaLaunchHostFunc again", host_func(s, bump, &ran));
+  CHECK("cudaEventRecord", event_record(ev, s));
+  CHECK("cudaEventSynchronize", event_sync(ev));
+  CHECK("cudaStreamSynchronize", stream_sync(s));
+  if (ran != want || memcmp(src, dst, sizeof src)) { printf("stream order: %d of %d functions ran\n", ran, want); return 1; }
+  CHECK("cudaFree stream", release(ds));
   printf("devices %d driver %d OK\n", n, v);
   return 0;
 }
