@@ -888,6 +888,20 @@ pub unsafe extern "C" fn __chidori_driver_cuDeviceGetCliqueCount(
         ) as u32
     }
 }
+///`cuDeviceGetCliqueInfo` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuDeviceGetCliqueInfo(
+    cliqueInfo: *mut c_void,
+    count: *mut c_void,
+    dev: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuDeviceGetCliqueInfo,
+            &[(cliqueInfo) as usize as u64, (count) as usize as u64, (dev) as i64 as u64],
+        ) as u32
+    }
+}
 ///`cuDeviceGetCount` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDeviceGetCount(count: *mut c_void) -> u32 {
@@ -945,6 +959,19 @@ pub unsafe extern "C" fn __chidori_driver_cuDeviceGetExecAffinitySupport(
         crate::runtime::call(
             &chidori_cuda::calls::driver::cuDeviceGetExecAffinitySupport,
             &[(pi) as usize as u64, (r#type) as u64, (dev) as i64 as u64],
+        ) as u32
+    }
+}
+///`cuDeviceGetFabricClusterUuid` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuDeviceGetFabricClusterUuid(
+    uuid: *mut c_void,
+    dev: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuDeviceGetFabricClusterUuid,
+            &[(uuid) as usize as u64, (dev) as i64 as u64],
         ) as u32
     }
 }
@@ -13266,6 +13293,24 @@ pub unsafe extern "C" fn __chidori_driver_cuTensorMapReplaceAddress(
         crate::runtime::call(
             &chidori_cuda::calls::driver::cuTensorMapReplaceAddress,
             &[(tensorMap) as usize as u64, (globalAddress) as usize as u64],
+        ) as u32
+    }
+}
+///`cuTensorMapSetAllocationClass` for CUDA 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuTensorMapSetAllocationClass(
+    tensorMap: *mut c_void,
+    allocClass: u32,
+    outAllocClass: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuTensorMapSetAllocationClass,
+            &[
+                (tensorMap) as usize as u64,
+                (allocClass) as u64,
+                (outAllocClass) as usize as u64,
+            ],
         ) as u32
     }
 }

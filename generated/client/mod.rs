@@ -207,6 +207,9 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuDeviceGetCliqueCount" => {
             Some(driver::__chidori_driver_cuDeviceGetCliqueCount as *const c_void)
         }
+        "cuDeviceGetCliqueInfo" => {
+            Some(driver::__chidori_driver_cuDeviceGetCliqueInfo as *const c_void)
+        }
         "cuDeviceGetCount" => {
             Some(driver::__chidori_driver_cuDeviceGetCount as *const c_void)
         }
@@ -220,6 +223,9 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
             Some(
                 driver::__chidori_driver_cuDeviceGetExecAffinitySupport as *const c_void,
             )
+        }
+        "cuDeviceGetFabricClusterUuid" => {
+            Some(driver::__chidori_driver_cuDeviceGetFabricClusterUuid as *const c_void)
         }
         "cuDeviceGetGraphMemAttribute" => {
             Some(driver::__chidori_driver_cuDeviceGetGraphMemAttribute as *const c_void)
@@ -1816,6 +1822,9 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         }
         "cuTensorMapReplaceAddress" => {
             Some(driver::__chidori_driver_cuTensorMapReplaceAddress as *const c_void)
+        }
+        "cuTensorMapSetAllocationClass" => {
+            Some(driver::__chidori_driver_cuTensorMapSetAllocationClass as *const c_void)
         }
         "cuTexObjectCreate" => {
             Some(driver::__chidori_driver_cuTexObjectCreate as *const c_void)

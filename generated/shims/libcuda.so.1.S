@@ -418,10 +418,7 @@ cuDeviceGetCliqueCount:
     .globl cuDeviceGetCliqueInfo
     .type cuDeviceGetCliqueInfo, @function
 cuDeviceGetCliqueInfo:
-    leaq .Lname13(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuDeviceGetCliqueInfo@PLT
     .size cuDeviceGetCliqueInfo, .-cuDeviceGetCliqueInfo
     .globl cuDeviceGetCount
     .type cuDeviceGetCount, @function
@@ -446,10 +443,7 @@ cuDeviceGetExecAffinitySupport:
     .globl cuDeviceGetFabricClusterUuid
     .type cuDeviceGetFabricClusterUuid, @function
 cuDeviceGetFabricClusterUuid:
-    leaq .Lname14(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuDeviceGetFabricClusterUuid@PLT
     .size cuDeviceGetFabricClusterUuid, .-cuDeviceGetFabricClusterUuid
     .globl cuDeviceGetGraphMemAttribute
     .type cuDeviceGetGraphMemAttribute, @function
@@ -479,7 +473,7 @@ cuDeviceGetName:
     .globl cuDeviceGetNvSciSyncAttributes
     .type cuDeviceGetNvSciSyncAttributes, @function
 cuDeviceGetNvSciSyncAttributes:
-    leaq .Lname15(%rip), %rdi
+    leaq .Lname13(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -567,7 +561,7 @@ cuDevicePrimaryCtxSetFlags_v2:
     .globl cuDeviceRegisterAsyncNotification
     .type cuDeviceRegisterAsyncNotification, @function
 cuDeviceRegisterAsyncNotification:
-    leaq .Lname16(%rip), %rdi
+    leaq .Lname14(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -670,7 +664,7 @@ cuExternalMemoryGetMappedMipmappedArray:
     .globl cuFabricCpyBatchAsync
     .type cuFabricCpyBatchAsync, @function
 cuFabricCpyBatchAsync:
-    leaq .Lname17(%rip), %rdi
+    leaq .Lname15(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -678,7 +672,7 @@ cuFabricCpyBatchAsync:
     .globl cuFabricCpyBatchAsync_ptsz
     .type cuFabricCpyBatchAsync_ptsz, @function
 cuFabricCpyBatchAsync_ptsz:
-    leaq .Lname18(%rip), %rdi
+    leaq .Lname16(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -811,7 +805,7 @@ cuGraphAddEventWaitNode:
     .globl cuGraphAddExternalSemaphoresSignalNode
     .type cuGraphAddExternalSemaphoresSignalNode, @function
 cuGraphAddExternalSemaphoresSignalNode:
-    leaq .Lname19(%rip), %rdi
+    leaq .Lname17(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -819,7 +813,7 @@ cuGraphAddExternalSemaphoresSignalNode:
     .globl cuGraphAddExternalSemaphoresWaitNode
     .type cuGraphAddExternalSemaphoresWaitNode, @function
 cuGraphAddExternalSemaphoresWaitNode:
-    leaq .Lname20(%rip), %rdi
+    leaq .Lname18(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -967,7 +961,7 @@ cuGraphExecEventWaitNodeSetEvent:
     .globl cuGraphExecExternalSemaphoresSignalNodeSetParams
     .type cuGraphExecExternalSemaphoresSignalNodeSetParams, @function
 cuGraphExecExternalSemaphoresSignalNodeSetParams:
-    leaq .Lname21(%rip), %rdi
+    leaq .Lname19(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -975,7 +969,7 @@ cuGraphExecExternalSemaphoresSignalNodeSetParams:
     .globl cuGraphExecExternalSemaphoresWaitNodeSetParams
     .type cuGraphExecExternalSemaphoresWaitNodeSetParams, @function
 cuGraphExecExternalSemaphoresWaitNodeSetParams:
-    leaq .Lname22(%rip), %rdi
+    leaq .Lname20(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1033,7 +1027,7 @@ cuGraphExecUpdate_v2:
     .globl cuGraphExternalSemaphoresSignalNodeGetParams
     .type cuGraphExternalSemaphoresSignalNodeGetParams, @function
 cuGraphExternalSemaphoresSignalNodeGetParams:
-    leaq .Lname23(%rip), %rdi
+    leaq .Lname21(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1041,7 +1035,7 @@ cuGraphExternalSemaphoresSignalNodeGetParams:
     .globl cuGraphExternalSemaphoresSignalNodeSetParams
     .type cuGraphExternalSemaphoresSignalNodeSetParams, @function
 cuGraphExternalSemaphoresSignalNodeSetParams:
-    leaq .Lname24(%rip), %rdi
+    leaq .Lname22(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1049,7 +1043,7 @@ cuGraphExternalSemaphoresSignalNodeSetParams:
     .globl cuGraphExternalSemaphoresWaitNodeGetParams
     .type cuGraphExternalSemaphoresWaitNodeGetParams, @function
 cuGraphExternalSemaphoresWaitNodeGetParams:
-    leaq .Lname25(%rip), %rdi
+    leaq .Lname23(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1057,7 +1051,7 @@ cuGraphExternalSemaphoresWaitNodeGetParams:
     .globl cuGraphExternalSemaphoresWaitNodeSetParams
     .type cuGraphExternalSemaphoresWaitNodeSetParams, @function
 cuGraphExternalSemaphoresWaitNodeSetParams:
-    leaq .Lname26(%rip), %rdi
+    leaq .Lname24(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1240,7 +1234,7 @@ cuGraphNodeGetLocalId:
     .globl cuGraphNodeGetParams
     .type cuGraphNodeGetParams, @function
 cuGraphNodeGetParams:
-    leaq .Lname27(%rip), %rdi
+    leaq .Lname25(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1318,7 +1312,7 @@ cuGraphicsResourceGetMappedMipmappedArray:
     .globl cuGraphicsResourceGetMappedPointer
     .type cuGraphicsResourceGetMappedPointer, @function
 cuGraphicsResourceGetMappedPointer:
-    leaq .Lname28(%rip), %rdi
+    leaq .Lname26(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1326,7 +1320,7 @@ cuGraphicsResourceGetMappedPointer:
     .globl cuGraphicsResourceGetMappedPointer_v2
     .type cuGraphicsResourceGetMappedPointer_v2, @function
 cuGraphicsResourceGetMappedPointer_v2:
-    leaq .Lname29(%rip), %rdi
+    leaq .Lname27(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1399,7 +1393,7 @@ cuGreenCtxWaitEvent:
     .globl cuImportExternalMemory
     .type cuImportExternalMemory, @function
 cuImportExternalMemory:
-    leaq .Lname30(%rip), %rdi
+    leaq .Lname28(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1407,7 +1401,7 @@ cuImportExternalMemory:
     .globl cuImportExternalSemaphore
     .type cuImportExternalSemaphore, @function
 cuImportExternalSemaphore:
-    leaq .Lname31(%rip), %rdi
+    leaq .Lname29(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1425,7 +1419,7 @@ cuIpcCloseMemHandle:
     .globl cuIpcGetEventHandle
     .type cuIpcGetEventHandle, @function
 cuIpcGetEventHandle:
-    leaq .Lname32(%rip), %rdi
+    leaq .Lname30(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1433,7 +1427,7 @@ cuIpcGetEventHandle:
     .globl cuIpcGetMemHandle
     .type cuIpcGetMemHandle, @function
 cuIpcGetMemHandle:
-    leaq .Lname33(%rip), %rdi
+    leaq .Lname31(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1506,7 +1500,7 @@ cuLaunchCooperativeKernel:
     .globl cuLaunchCooperativeKernelMultiDevice
     .type cuLaunchCooperativeKernelMultiDevice, @function
 cuLaunchCooperativeKernelMultiDevice:
-    leaq .Lname34(%rip), %rdi
+    leaq .Lname32(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1599,7 +1593,7 @@ cuLibraryGetModule:
     .globl cuLibraryGetUnifiedFunction
     .type cuLibraryGetUnifiedFunction, @function
 cuLibraryGetUnifiedFunction:
-    leaq .Lname35(%rip), %rdi
+    leaq .Lname33(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1667,7 +1661,7 @@ cuLogicalEndpointAddDevice:
     .globl cuLogicalEndpointBindAddr
     .type cuLogicalEndpointBindAddr, @function
 cuLogicalEndpointBindAddr:
-    leaq .Lname36(%rip), %rdi
+    leaq .Lname34(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1690,7 +1684,7 @@ cuLogicalEndpointDestroy:
     .globl cuLogicalEndpointExport
     .type cuLogicalEndpointExport, @function
 cuLogicalEndpointExport:
-    leaq .Lname37(%rip), %rdi
+    leaq .Lname35(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1698,7 +1692,7 @@ cuLogicalEndpointExport:
     .globl cuLogicalEndpointGetLimits
     .type cuLogicalEndpointGetLimits, @function
 cuLogicalEndpointGetLimits:
-    leaq .Lname38(%rip), %rdi
+    leaq .Lname36(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1711,7 +1705,7 @@ cuLogicalEndpointIdRelease:
     .globl cuLogicalEndpointIdReserve
     .type cuLogicalEndpointIdReserve, @function
 cuLogicalEndpointIdReserve:
-    leaq .Lname39(%rip), %rdi
+    leaq .Lname37(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1719,7 +1713,7 @@ cuLogicalEndpointIdReserve:
     .globl cuLogicalEndpointImport
     .type cuLogicalEndpointImport, @function
 cuLogicalEndpointImport:
-    leaq .Lname40(%rip), %rdi
+    leaq .Lname38(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1727,7 +1721,7 @@ cuLogicalEndpointImport:
     .globl cuLogicalEndpointQuery
     .type cuLogicalEndpointQuery, @function
 cuLogicalEndpointQuery:
-    leaq .Lname41(%rip), %rdi
+    leaq .Lname39(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1745,7 +1739,7 @@ cuLogsCurrent:
     .globl cuLogsDumpToFile
     .type cuLogsDumpToFile, @function
 cuLogsDumpToFile:
-    leaq .Lname42(%rip), %rdi
+    leaq .Lname40(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1758,7 +1752,7 @@ cuLogsDumpToMemory:
     .globl cuLogsRegisterCallback
     .type cuLogsRegisterCallback, @function
 cuLogsRegisterCallback:
-    leaq .Lname43(%rip), %rdi
+    leaq .Lname41(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1791,7 +1785,7 @@ cuMemAdvise_v2:
     .globl cuMemAlloc
     .type cuMemAlloc, @function
 cuMemAlloc:
-    leaq .Lname44(%rip), %rdi
+    leaq .Lname42(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1834,7 +1828,7 @@ cuMemAllocManaged:
     .globl cuMemAllocPitch
     .type cuMemAllocPitch, @function
 cuMemAllocPitch:
-    leaq .Lname45(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1887,7 +1881,7 @@ cuMemDiscardBatchAsync_ptsz:
     .globl cuMemExportToShareableHandle
     .type cuMemExportToShareableHandle, @function
 cuMemExportToShareableHandle:
-    leaq .Lname46(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1925,7 +1919,7 @@ cuMemGetAccess:
     .globl cuMemGetAddressRange
     .type cuMemGetAddressRange, @function
 cuMemGetAddressRange:
-    leaq .Lname47(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1953,7 +1947,7 @@ cuMemGetDefaultMemPool:
     .globl cuMemGetHandleForAddressRange
     .type cuMemGetHandleForAddressRange, @function
 cuMemGetHandleForAddressRange:
-    leaq .Lname48(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1971,7 +1965,7 @@ cuMemGetInfo_v2:
     .globl cuMemGetLocationInfo
     .type cuMemGetLocationInfo, @function
 cuMemGetLocationInfo:
-    leaq .Lname49(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1989,7 +1983,7 @@ cuMemHostAlloc:
     .globl cuMemHostGetDevicePointer
     .type cuMemHostGetDevicePointer, @function
 cuMemHostGetDevicePointer:
-    leaq .Lname50(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2022,7 +2016,7 @@ cuMemHostUnregister:
     .globl cuMemImportFromShareableHandle
     .type cuMemImportFromShareableHandle, @function
 cuMemImportFromShareableHandle:
-    leaq .Lname51(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2055,7 +2049,7 @@ cuMemPoolDestroy:
     .globl cuMemPoolExportPointer
     .type cuMemPoolExportPointer, @function
 cuMemPoolExportPointer:
-    leaq .Lname52(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2063,7 +2057,7 @@ cuMemPoolExportPointer:
     .globl cuMemPoolExportToShareableHandle
     .type cuMemPoolExportToShareableHandle, @function
 cuMemPoolExportToShareableHandle:
-    leaq .Lname53(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2081,7 +2075,7 @@ cuMemPoolGetAttribute:
     .globl cuMemPoolImportFromShareableHandle
     .type cuMemPoolImportFromShareableHandle, @function
 cuMemPoolImportFromShareableHandle:
-    leaq .Lname54(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2089,7 +2083,7 @@ cuMemPoolImportFromShareableHandle:
     .globl cuMemPoolImportPointer
     .type cuMemPoolImportPointer, @function
 cuMemPoolImportPointer:
-    leaq .Lname55(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2182,7 +2176,7 @@ cuMemcpy:
     .globl cuMemcpy2D
     .type cuMemcpy2D, @function
 cuMemcpy2D:
-    leaq .Lname56(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2190,7 +2184,7 @@ cuMemcpy2D:
     .globl cuMemcpy2DAsync
     .type cuMemcpy2DAsync, @function
 cuMemcpy2DAsync:
-    leaq .Lname57(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2208,7 +2202,7 @@ cuMemcpy2DAsync_v2_ptsz:
     .globl cuMemcpy2DUnaligned
     .type cuMemcpy2DUnaligned, @function
 cuMemcpy2DUnaligned:
-    leaq .Lname58(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2236,7 +2230,7 @@ cuMemcpy2D_v2_ptds:
     .globl cuMemcpy3D
     .type cuMemcpy3D, @function
 cuMemcpy3D:
-    leaq .Lname59(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2244,7 +2238,7 @@ cuMemcpy3D:
     .globl cuMemcpy3DAsync
     .type cuMemcpy3DAsync, @function
 cuMemcpy3DAsync:
-    leaq .Lname60(%rip), %rdi
+    leaq .Lname58(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2457,7 +2451,7 @@ cuMemcpyDtoD_v2_ptds:
     .globl cuMemcpyDtoH
     .type cuMemcpyDtoH, @function
 cuMemcpyDtoH:
-    leaq .Lname61(%rip), %rdi
+    leaq .Lname59(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2465,7 +2459,7 @@ cuMemcpyDtoH:
     .globl cuMemcpyDtoHAsync
     .type cuMemcpyDtoHAsync, @function
 cuMemcpyDtoHAsync:
-    leaq .Lname62(%rip), %rdi
+    leaq .Lname60(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2523,7 +2517,7 @@ cuMemcpyHtoA_v2_ptds:
     .globl cuMemcpyHtoD
     .type cuMemcpyHtoD, @function
 cuMemcpyHtoD:
-    leaq .Lname63(%rip), %rdi
+    leaq .Lname61(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2531,7 +2525,7 @@ cuMemcpyHtoD:
     .globl cuMemcpyHtoDAsync
     .type cuMemcpyHtoDAsync, @function
 cuMemcpyHtoDAsync:
-    leaq .Lname64(%rip), %rdi
+    leaq .Lname62(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2959,7 +2953,7 @@ cuProfilerStop:
     .globl cuSignalExternalSemaphoresAsync
     .type cuSignalExternalSemaphoresAsync, @function
 cuSignalExternalSemaphoresAsync:
-    leaq .Lname65(%rip), %rdi
+    leaq .Lname63(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2967,7 +2961,7 @@ cuSignalExternalSemaphoresAsync:
     .globl cuSignalExternalSemaphoresAsync_ptsz
     .type cuSignalExternalSemaphoresAsync_ptsz, @function
 cuSignalExternalSemaphoresAsync_ptsz:
-    leaq .Lname66(%rip), %rdi
+    leaq .Lname64(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3020,7 +3014,7 @@ cuStreamBeginCapture:
     .globl cuStreamBeginCaptureToCig
     .type cuStreamBeginCaptureToCig, @function
 cuStreamBeginCaptureToCig:
-    leaq .Lname67(%rip), %rdi
+    leaq .Lname65(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3028,7 +3022,7 @@ cuStreamBeginCaptureToCig:
     .globl cuStreamBeginCaptureToCig_ptsz
     .type cuStreamBeginCaptureToCig_ptsz, @function
 cuStreamBeginCaptureToCig_ptsz:
-    leaq .Lname68(%rip), %rdi
+    leaq .Lname66(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3061,7 +3055,7 @@ cuStreamBeginCapture_v2_ptsz:
     .globl cuStreamBeginRecaptureToGraph
     .type cuStreamBeginRecaptureToGraph, @function
 cuStreamBeginRecaptureToGraph:
-    leaq .Lname69(%rip), %rdi
+    leaq .Lname67(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3069,7 +3063,7 @@ cuStreamBeginRecaptureToGraph:
     .globl cuStreamBeginRecaptureToGraph_ptsz
     .type cuStreamBeginRecaptureToGraph_ptsz, @function
 cuStreamBeginRecaptureToGraph_ptsz:
-    leaq .Lname70(%rip), %rdi
+    leaq .Lname68(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3437,10 +3431,7 @@ cuTensorMapReplaceAddress:
     .globl cuTensorMapSetAllocationClass
     .type cuTensorMapSetAllocationClass, @function
 cuTensorMapSetAllocationClass:
-    leaq .Lname71(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuTensorMapSetAllocationClass@PLT
     .size cuTensorMapSetAllocationClass, .-cuTensorMapSetAllocationClass
     .globl cuTexObjectCreate
     .type cuTexObjectCreate, @function
@@ -3645,7 +3636,7 @@ cuUserObjectRetain:
     .globl cuWaitExternalSemaphoresAsync
     .type cuWaitExternalSemaphoresAsync, @function
 cuWaitExternalSemaphoresAsync:
-    leaq .Lname72(%rip), %rdi
+    leaq .Lname69(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3653,7 +3644,7 @@ cuWaitExternalSemaphoresAsync:
     .globl cuWaitExternalSemaphoresAsync_ptsz
     .type cuWaitExternalSemaphoresAsync_ptsz, @function
 cuWaitExternalSemaphoresAsync_ptsz:
-    leaq .Lname73(%rip), %rdi
+    leaq .Lname70(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3698,125 +3689,119 @@ dlopen:
 .Lname12:
     .asciz "cuCoredumpSetAttributeGlobal"
 .Lname13:
-    .asciz "cuDeviceGetCliqueInfo"
-.Lname14:
-    .asciz "cuDeviceGetFabricClusterUuid"
-.Lname15:
     .asciz "cuDeviceGetNvSciSyncAttributes"
-.Lname16:
+.Lname14:
     .asciz "cuDeviceRegisterAsyncNotification"
-.Lname17:
+.Lname15:
     .asciz "cuFabricCpyBatchAsync"
-.Lname18:
+.Lname16:
     .asciz "cuFabricCpyBatchAsync_ptsz"
-.Lname19:
+.Lname17:
     .asciz "cuGraphAddExternalSemaphoresSignalNode"
-.Lname20:
+.Lname18:
     .asciz "cuGraphAddExternalSemaphoresWaitNode"
-.Lname21:
+.Lname19:
     .asciz "cuGraphExecExternalSemaphoresSignalNodeSetParams"
-.Lname22:
+.Lname20:
     .asciz "cuGraphExecExternalSemaphoresWaitNodeSetParams"
-.Lname23:
+.Lname21:
     .asciz "cuGraphExternalSemaphoresSignalNodeGetParams"
-.Lname24:
+.Lname22:
     .asciz "cuGraphExternalSemaphoresSignalNodeSetParams"
-.Lname25:
+.Lname23:
     .asciz "cuGraphExternalSemaphoresWaitNodeGetParams"
-.Lname26:
+.Lname24:
     .asciz "cuGraphExternalSemaphoresWaitNodeSetParams"
-.Lname27:
+.Lname25:
     .asciz "cuGraphNodeGetParams"
-.Lname28:
+.Lname26:
     .asciz "cuGraphicsResourceGetMappedPointer"
-.Lname29:
+.Lname27:
     .asciz "cuGraphicsResourceGetMappedPointer_v2"
-.Lname30:
+.Lname28:
     .asciz "cuImportExternalMemory"
-.Lname31:
+.Lname29:
     .asciz "cuImportExternalSemaphore"
-.Lname32:
+.Lname30:
     .asciz "cuIpcGetEventHandle"
-.Lname33:
+.Lname31:
     .asciz "cuIpcGetMemHandle"
-.Lname34:
+.Lname32:
     .asciz "cuLaunchCooperativeKernelMultiDevice"
-.Lname35:
+.Lname33:
     .asciz "cuLibraryGetUnifiedFunction"
-.Lname36:
+.Lname34:
     .asciz "cuLogicalEndpointBindAddr"
-.Lname37:
+.Lname35:
     .asciz "cuLogicalEndpointExport"
-.Lname38:
+.Lname36:
     .asciz "cuLogicalEndpointGetLimits"
-.Lname39:
+.Lname37:
     .asciz "cuLogicalEndpointIdReserve"
-.Lname40:
+.Lname38:
     .asciz "cuLogicalEndpointImport"
-.Lname41:
+.Lname39:
     .asciz "cuLogicalEndpointQuery"
-.Lname42:
+.Lname40:
     .asciz "cuLogsDumpToFile"
-.Lname43:
+.Lname41:
     .asciz "cuLogsRegisterCallback"
-.Lname44:
+.Lname42:
     .asciz "cuMemAlloc"
-.Lname45:
+.Lname43:
     .asciz "cuMemAllocPitch"
-.Lname46:
+.Lname44:
     .asciz "cuMemExportToShareableHandle"
-.Lname47:
+.Lname45:
     .asciz "cuMemGetAddressRange"
-.Lname48:
+.Lname46:
     .asciz "cuMemGetHandleForAddressRange"
-.Lname49:
+.Lname47:
     .asciz "cuMemGetLocationInfo"
-.Lname50:
+.Lname48:
     .asciz "cuMemHostGetDevicePointer"
-.Lname51:
+.Lname49:
     .asciz "cuMemImportFromShareableHandle"
-.Lname52:
+.Lname50:
     .asciz "cuMemPoolExportPointer"
-.Lname53:
+.Lname51:
     .asciz "cuMemPoolExportToShareableHandle"
-.Lname54:
+.Lname52:
     .asciz "cuMemPoolImportFromShareableHandle"
-.Lname55:
+.Lname53:
     .asciz "cuMemPoolImportPointer"
-.Lname56:
+.Lname54:
     .asciz "cuMemcpy2D"
-.Lname57:
+.Lname55:
     .asciz "cuMemcpy2DAsync"
-.Lname58:
+.Lname56:
     .asciz "cuMemcpy2DUnaligned"
-.Lname59:
+.Lname57:
     .asciz "cuMemcpy3D"
-.Lname60:
+.Lname58:
     .asciz "cuMemcpy3DAsync"
-.Lname61:
+.Lname59:
     .asciz "cuMemcpyDtoH"
-.Lname62:
+.Lname60:
     .asciz "cuMemcpyDtoHAsync"
-.Lname63:
+.Lname61:
     .asciz "cuMemcpyHtoD"
-.Lname64:
+.Lname62:
     .asciz "cuMemcpyHtoDAsync"
-.Lname65:
+.Lname63:
     .asciz "cuSignalExternalSemaphoresAsync"
-.Lname66:
+.Lname64:
     .asciz "cuSignalExternalSemaphoresAsync_ptsz"
-.Lname67:
+.Lname65:
     .asciz "cuStreamBeginCaptureToCig"
-.Lname68:
+.Lname66:
     .asciz "cuStreamBeginCaptureToCig_ptsz"
-.Lname69:
+.Lname67:
     .asciz "cuStreamBeginRecaptureToGraph"
-.Lname70:
+.Lname68:
     .asciz "cuStreamBeginRecaptureToGraph_ptsz"
-.Lname71:
-    .asciz "cuTensorMapSetAllocationClass"
-.Lname72:
+.Lname69:
     .asciz "cuWaitExternalSemaphoresAsync"
-.Lname73:
+.Lname70:
     .asciz "cuWaitExternalSemaphoresAsync_ptsz"
     .section .note.GNU-stack,"",@progbits

@@ -3126,6 +3126,19 @@ pub static STRUCTS: &[StructMap] = &[
         ],
     },
     StructMap {
+        name: "CUuuid_st",
+        size: 16u32,
+        union: false,
+        fields: &[
+            FieldMap {
+                name: "bytes",
+                offset: 0u32,
+                size: 16u32,
+                ty: "[i8; 16]",
+            },
+        ],
+    },
+    StructMap {
         name: "cublasLtMatmulAlgo_t",
         size: 64u32,
         union: false,

@@ -1397,6 +1397,25 @@ pub static STRUCTS: &[StructMap] = &[
         ],
     },
     StructMap {
+        name: "CUcliqueInfo_st",
+        size: 8u32,
+        union: false,
+        fields: &[
+            FieldMap {
+                name: "type",
+                offset: 0u32,
+                size: 4u32,
+                ty: "CUcliqueType",
+            },
+            FieldMap {
+                name: "id",
+                offset: 4u32,
+                size: 4u32,
+                ty: "u32",
+            },
+        ],
+    },
+    StructMap {
         name: "CUdevResource_st",
         size: 144u32,
         union: false,
@@ -3055,6 +3074,19 @@ pub static STRUCTS: &[StructMap] = &[
                 offset: 0u32,
                 size: 128u32,
                 ty: "[cuuint64_t; 16]",
+            },
+        ],
+    },
+    StructMap {
+        name: "CUuuid_st",
+        size: 16u32,
+        union: false,
+        fields: &[
+            FieldMap {
+                name: "bytes",
+                offset: 0u32,
+                size: 16u32,
+                ty: "[i8; 16]",
             },
         ],
     },
