@@ -431,6 +431,33 @@ mod tests {
         assert!(before.allow.is_empty(), "no such field before 13.1");
     }
 
+    /// NCCL's configuration names strings in the client's memory: at every version, one
+    /// that sets a name is refused (NCCL would read the server's memory there), and one
+    /// that leaves them NULL passes.
+    #[test]
+    fn every_nccl_configuration_refuses_the_clients_strings() {
+        let mut seen = 0;
+        for (version, maps) in structs::BY_VERSION {
+            for map in maps.iter().filter(|m| m.name.starts_with("ncclConfig_v")) {
+                let checks = chidori_cuda::checks::record(version, map.name)
+                    .unwrap_or_else(|| panic!("{} at {version}: no checks", map.name));
+                for field in map.fields.iter().filter(|f| matches!(f.name, "netName" | "commName")) {
+                    let mut r = vec![0u8; map.size as usize];
+                    checks.apply(&mut r, |_, v| Some(v)).expect("NULL names pass");
+                    put(&mut r, field.offset as usize, 0x7fff_0000_2000);
+                    assert!(
+                        checks.apply(&mut r, |_, v| Some(v)).is_err(),
+                        "{}.{} at {version}: a client's string passed",
+                        map.name,
+                        field.name
+                    );
+                    seen += 1;
+                }
+            }
+        }
+        assert!(seen >= structs::BY_VERSION.len(), "{seen} fields checked");
+    }
+
     #[test]
     fn memsets_and_linear_resources() {
         let map = structs::get("13.0", "cudaMemsetParams").unwrap();

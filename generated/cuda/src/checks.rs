@@ -3167,6 +3167,26 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
     ),
     (
         "13.5",
+        "ncclConfig_v23100",
+        RecordChecks {
+            size: 120u32,
+            handles: &[],
+            allow: &[
+                FieldIs {
+                    offset: 48u32,
+                    size: 8u8,
+                    values: &[0u64],
+                },
+                FieldIs {
+                    offset: 32u32,
+                    size: 8u8,
+                    values: &[0u64],
+                },
+            ],
+        },
+    ),
+    (
+        "13.5",
         "nvmlComputeInstanceInfo_st",
         RecordChecks {
             size: 32u32,
