@@ -420,13 +420,23 @@ mod tests {
 
     #[test]
     fn a_chained_device_resource_is_refused_where_the_record_can_chain() {
-        let checks = chidori_cuda::checks::record("13.1", "CUdevResource_st").expect("13.1 checks");
-        let map = structs::get("13.1", "CUdevResource_st").unwrap();
-        let at = map.fields.iter().find(|f| f.name == "nextResource").unwrap().offset as usize;
-        let mut r = vec![0u8; map.size as usize];
-        checks.apply(&mut r, |_, v| Some(v)).expect("an unchained resource passes");
-        put(&mut r, at, 0x7fff_0000_1000);
-        assert!(checks.apply(&mut r, |_, v| Some(v)).is_err(), "a client's pointer the driver would follow");
+        for (version, name) in [
+            ("13.1", "CUdevResource_st"),
+            ("13.5", "CUdevResource_st"),
+            ("13.1", "cudaDevResource_st"),
+            ("13.5", "cudaDevResource_st"),
+        ] {
+            let checks = chidori_cuda::checks::record(version, name).unwrap_or_else(|| panic!("{name} at {version}"));
+            let map = structs::get(version, name).unwrap();
+            let at = map.fields.iter().find(|f| f.name == "nextResource").unwrap().offset as usize;
+            let mut r = vec![0u8; map.size as usize];
+            checks.apply(&mut r, |_, v| Some(v)).expect("an unchained resource passes");
+            put(&mut r, at, 0x7fff_0000_1000);
+            assert!(
+                checks.apply(&mut r, |_, v| Some(v)).is_err(),
+                "{name} at {version}: a pointer the library would follow"
+            );
+        }
         let before = chidori_cuda::checks::record("13.0", "CUdevResource_st").expect("13.0 checks");
         assert!(before.allow.is_empty(), "no such field before 13.1");
     }

@@ -2547,6 +2547,21 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
     ),
     (
         "13.1",
+        "cudaDevResource_st",
+        RecordChecks {
+            size: 144u32,
+            handles: &[],
+            allow: &[
+                FieldIs {
+                    offset: 136u32,
+                    size: 8u8,
+                    values: &[0u64],
+                },
+            ],
+        },
+    ),
+    (
+        "13.1",
         "cudaGraphExecUpdateResultInfo_st",
         RecordChecks {
             size: 24u32,
@@ -3022,6 +3037,21 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                     offset: 4u32,
                     size: 4u8,
                     values: &[0u64, 1u64, 8u64],
+                },
+            ],
+        },
+    ),
+    (
+        "13.5",
+        "cudaDevResource_st",
+        RecordChecks {
+            size: 144u32,
+            handles: &[],
+            allow: &[
+                FieldIs {
+                    offset: 136u32,
+                    size: 8u8,
+                    values: &[0u64],
                 },
             ],
         },
