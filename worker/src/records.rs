@@ -130,20 +130,7 @@ fn push(
 
 /// Whether records of this type name device memory (the types this module reads).
 pub fn names_memory(record: &str) -> bool {
-    matches!(
-        record,
-        "cudaMemcpy3DParms"
-            | "cudaMemcpy3DPeerParms"
-            | "cudaMemsetParams"
-            | "CUDA_MEMSET_NODE_PARAMS_st"
-            | "CUDA_MEMCPY2D_st"
-            | "CUDA_MEMCPY3D_st"
-            | "CUDA_MEMCPY3D_PEER_st"
-            | "cudaResourceDesc"
-            | "CUDA_RESOURCE_DESC_st"
-            | "CUstreamBatchMemOpParams_union"
-            | "CUmemDecompressParams_st"
-    )
+    chidori_cuda::checks::SPANS.binary_search(&record).is_ok()
 }
 
 /// The device spans an input record of type `record` names, read from `bytes` in the
@@ -247,7 +234,8 @@ pub fn device_spans(record: &str, version: &str, bytes: &[u8]) -> Result<Vec<Spa
                 push(&mut spans, &format!("{record}.{field}"), (f.offset(field)?, base), Some(base), Some(len))?;
             }
         }
-        _ => {}
+        // A spec said `spans` for a record this module cannot read: refused, not passed.
+        other => return Err(format!("{other}: which memory it names is not known to this server")),
     }
     Ok(spans)
 }
@@ -439,6 +427,22 @@ mod tests {
         }
         let before = chidori_cuda::checks::record("13.0", "CUdevResource_st").expect("13.0 checks");
         assert!(before.allow.is_empty(), "no such field before 13.1");
+    }
+
+    /// Every record a spec says the worker checks span by span (`spans`) is one this module
+    /// reads, at every version that has it.
+    #[test]
+    fn every_record_checked_span_by_span_is_read_here() {
+        assert!(chidori_cuda::checks::SPANS.len() >= 11, "{:?}", chidori_cuda::checks::SPANS);
+        for record in chidori_cuda::checks::SPANS {
+            for (version, _) in structs::BY_VERSION {
+                let Some(map) = structs::get(version, record) else { continue };
+                let zeroed = vec![0u8; map.size as usize];
+                if let Err(why) = device_spans(record, version, &zeroed) {
+                    assert!(!why.contains("not known to this server"), "{record} at {version}: {why}");
+                }
+            }
+        }
     }
 
     /// NCCL's configuration names strings in the client's memory: at every version, one

@@ -348,7 +348,73 @@ impl<'a> Emitter<'a> {
 
     /// What the worker checks beyond the wire kinds: the `[record.NAME]` checks of the specs
     /// per CUDA version, and the values parameters may hold (`allow` of a function).
+    /// Every pointer field of a record a forwarded call sends the server (an `in` or
+    /// `inout` buffer, or a record by value) must be said for in its `[record.X]` spec: a
+    /// handle, a value the worker allows (NULL), memory the worker checks span by span
+    /// (`spans`), or why the library may have it as sent (`unchecked`). Otherwise the
+    /// server's library would follow an address of the client's. A new CUDA version that
+    /// adds such a field, or renames the record (NCCL versions its configuration's name),
+    /// stops the generator here.
+    fn unchecked_pointer_fields(&self) -> Result<()> {
+        let mut missing = BTreeSet::new();
+        for lib in &self.model.libraries {
+            for (fname, f) in &lib.functions {
+                for v in &f.variants {
+                    let forms = std::iter::once(&v.disposition).chain(v.wire_forms.iter().map(|(_, d)| d));
+                    let sent: BTreeSet<&String> = forms
+                        .filter_map(|d| match d {
+                            Disposition::Forward { params, .. } => Some(params),
+                            _ => None,
+                        })
+                        .flatten()
+                        .filter_map(|w| match w {
+                            Wire::Buf { dir: Dir::In | Dir::InOut, record: Some(r), .. } => Some(r),
+                            Wire::ByValRecord { record, .. } => Some(record),
+                            _ => None,
+                        })
+                        .collect();
+                    for record in sent {
+                        let spec = lib.spec.record.get(record);
+                        let said = |path: &str| {
+                            spec.is_some_and(|s| {
+                                s.spans
+                                    || s.handles
+                                        .keys()
+                                        .chain(s.written.keys())
+                                        .chain(s.allow.keys())
+                                        .chain(s.unchecked.keys())
+                                        .any(|k| {
+                                            let k = k.trim_start_matches('?');
+                                            k == path || path.starts_with(&format!("{k}."))
+                                        })
+                            })
+                        };
+                        for version in &v.versions {
+                            let env = self.env(version);
+                            for path in pointer_fields(env, record, "", 0) {
+                                if !said(&path) {
+                                    missing.insert(format!(
+                                        "{}: [record.{record}] {path} (sent by {fname})",
+                                        lib.lib.name
+                                    ));
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        if !missing.is_empty() {
+            bail!(
+                "pointer fields of records sent to the server that no spec checks (the server's library would follow the client's addresses):\n  {}",
+                missing.into_iter().collect::<Vec<_>>().join("\n  ")
+            );
+        }
+        Ok(())
+    }
+
     fn checks(&self) -> Result<String> {
+        self.unchecked_pointer_fields()?;
         let mut records = BTreeMap::new();
         for lib in &self.model.libraries {
             for (name, spec) in &lib.spec.record {
@@ -649,6 +715,13 @@ impl<'a> Emitter<'a> {
             let values = values.into_iter();
             quote!((#name, #i, &[#(#values),*]))
         });
+        let spans: BTreeSet<&String> = self
+            .model
+            .libraries
+            .iter()
+            .flat_map(|l| l.spec.record.iter().filter(|(_, r)| r.spans).map(|(n, _)| n))
+            .collect();
+        let spans = spans.into_iter().map(|n| lit_str(n));
         rust_file(
             PREAMBLE_ALL,
             "What the worker checks beyond each parameter's wire kind: handles inside input records\n//! and restricted fields (specs' `[record.NAME]`), and the values some parameters may hold\n//! (`allow` of a function).",
@@ -663,6 +736,9 @@ impl<'a> Emitter<'a> {
                         .ok()
                         .map(|i| &RECORDS[i].2)
                 }
+                /// Records whose every span of device memory the worker checks as the
+                /// session's (`spans` in their spec; `worker/src/records.rs` reads them), sorted.
+                pub static SPANS: &[&str] = &[#(#spans),*];
                 /// (function, parameter index, the values it may hold), sorted.
                 pub static PARAMS: &[(&str, u8, &[u64])] = &[#(#params),*];
                 /// The entries of `table` (sorted by function name) for `function`: a binary
@@ -1582,6 +1658,27 @@ fn len_static(l: &Len, statics: &mut Vec<TokenStream>, prefix: &str) -> Ident {
 }
 
 /// Offset and type of the field at `path` (`res.array.array`) inside record `name`.
+/// The paths of `record`'s pointer fields (function pointers included), through nested
+/// records and unions; `prefix` is the path to `record`.
+fn pointer_fields(env: &TypeEnv, record: &str, prefix: &str, depth: u32) -> Vec<String> {
+    let Some(r) = env.records.get(record).filter(|_| depth < 8) else { return Vec::new() };
+    let mut out = Vec::new();
+    for f in &r.fields {
+        let path = if prefix.is_empty() { f.name.clone() } else { format!("{prefix}.{}", f.name) };
+        match Ty::parse(&f.ty).map(|t| env.resolve(&t)) {
+            Ok(Ty::Ptr { .. } | Ty::Fn { .. }) => out.push(path),
+            Ok(Ty::Named(n)) => out.extend(pointer_fields(env, &n, &path, depth + 1)),
+            Ok(Ty::Array { of, .. }) => match env.resolve(&of) {
+                Ty::Ptr { .. } | Ty::Fn { .. } => out.push(path),
+                Ty::Named(n) => out.extend(pointer_fields(env, &n, &path, depth + 1)),
+                _ => {}
+            },
+            _ => {}
+        }
+    }
+    out
+}
+
 fn field_at(env: &TypeEnv, name: &str, path: &str) -> Result<(u64, Ty)> {
     let mut record = name.to_owned();
     let mut offset = 0u64;

@@ -75,6 +75,11 @@
 //! written = { errNode_out = "CUgraphNode_st" }  # handles the call writes (named on the way back)
 //! allow = { resType = ["cudaResourceTypeArray", "cudaResourceTypeLinear"] }
 //!                                  # "?FIELD": only in versions that have it; "NULL": a null pointer
+//! spans = true                     # the worker checks each span of memory it names (records.rs)
+//! unchecked = { "accessPolicyWindow.base_ptr" = "a hint: the driver reads nothing there" }
+//!                                  # every pointer field of a record sent to the server is one
+//!                                  # of these (a handle, allowed, spans, unchecked) or the
+//!                                  # generator stops
 //!
 //! [undeclared]                    # why real exports no header declares answer NOT_SUPPORTED
 //! 'cudaGL.*' = "graphics interop: the OpenGL objects live on the client's machine"
@@ -185,6 +190,15 @@ pub struct RecordSpec {
     /// Field path → the enumerators it may hold; the worker refuses a record with another.
     #[serde(default)]
     pub allow: BTreeMap<String, Vec<String>>,
+    /// The worker checks each address the record names as the session's memory, span by
+    /// span (`worker/src/records.rs` knows how long each is): its pointer fields need no
+    /// other word here.
+    #[serde(default)]
+    pub spans: bool,
+    /// Field path → why the server's library may be given the field's pointer as the client
+    /// sent it (never read for what the call allows, written by the library, ...).
+    #[serde(default)]
+    pub unchecked: BTreeMap<String, String>,
 }
 
 /// A condition on a record's field: (field path, the enumerators it holds).

@@ -144,6 +144,15 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
     ),
     (
         "11.8",
+        "CUDA_MEMSET_NODE_PARAMS_st",
+        RecordChecks {
+            size: 40u32,
+            handles: &[],
+            allow: &[],
+        },
+    ),
+    (
+        "11.8",
         "CUDA_RESOURCE_DESC_st",
         RecordChecks {
             size: 144u32,
@@ -204,6 +213,15 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
     ),
     (
         "11.8",
+        "CUlaunchAttributeValue_union",
+        RecordChecks {
+            size: 64u32,
+            handles: &[],
+            allow: &[],
+        },
+    ),
+    (
+        "11.8",
         "CUmemAllocationProp_st",
         RecordChecks {
             size: 32u32,
@@ -230,6 +248,24 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                     values: &[0u64, 1u64],
                 },
             ],
+        },
+    ),
+    (
+        "11.8",
+        "CUstreamBatchMemOpParams_union",
+        RecordChecks {
+            size: 48u32,
+            handles: &[],
+            allow: &[],
+        },
+    ),
+    (
+        "11.8",
+        "cudaLaunchAttributeValue",
+        RecordChecks {
+            size: 64u32,
+            handles: &[],
+            allow: &[],
         },
     ),
     (
@@ -294,6 +330,24 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                     written: false,
                 },
             ],
+            allow: &[],
+        },
+    ),
+    (
+        "11.8",
+        "cudaMemsetParams",
+        RecordChecks {
+            size: 40u32,
+            handles: &[],
+            allow: &[],
+        },
+    ),
+    (
+        "11.8",
+        "cudaPitchedPtr",
+        RecordChecks {
+            size: 32u32,
+            handles: &[],
             allow: &[],
         },
     ),
@@ -535,6 +589,15 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                     values: &[2u64, 3u64],
                 },
             ],
+        },
+    ),
+    (
+        "12.1",
+        "CUDA_MEMSET_NODE_PARAMS_st",
+        RecordChecks {
+            size: 40u32,
+            handles: &[],
+            allow: &[],
         },
     ),
     (
@@ -621,6 +684,15 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
     ),
     (
         "12.1",
+        "CUlaunchAttributeValue_union",
+        RecordChecks {
+            size: 64u32,
+            handles: &[],
+            allow: &[],
+        },
+    ),
+    (
+        "12.1",
         "CUmemAllocationProp_st",
         RecordChecks {
             size: 32u32,
@@ -647,6 +719,15 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                     values: &[0u64, 1u64],
                 },
             ],
+        },
+    ),
+    (
+        "12.1",
+        "CUstreamBatchMemOpParams_union",
+        RecordChecks {
+            size: 48u32,
+            handles: &[],
+            allow: &[],
         },
     ),
     (
@@ -690,6 +771,15 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                     written: true,
                 },
             ],
+            allow: &[],
+        },
+    ),
+    (
+        "12.1",
+        "cudaLaunchAttributeValue",
+        RecordChecks {
+            size: 64u32,
+            handles: &[],
             allow: &[],
         },
     ),
@@ -755,6 +845,24 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                     written: false,
                 },
             ],
+            allow: &[],
+        },
+    ),
+    (
+        "12.1",
+        "cudaMemsetParams",
+        RecordChecks {
+            size: 40u32,
+            handles: &[],
+            allow: &[],
+        },
+    ),
+    (
+        "12.1",
+        "cudaPitchedPtr",
+        RecordChecks {
+            size: 32u32,
+            handles: &[],
             allow: &[],
         },
     ),
@@ -996,6 +1104,15 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                     values: &[2u64, 3u64],
                 },
             ],
+        },
+    ),
+    (
+        "12.6",
+        "CUDA_MEMSET_NODE_PARAMS_st",
+        RecordChecks {
+            size: 40u32,
+            handles: &[],
+            allow: &[],
         },
     ),
     (
@@ -1091,6 +1208,15 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
     ),
     (
         "12.6",
+        "CUlaunchAttributeValue_union",
+        RecordChecks {
+            size: 64u32,
+            handles: &[],
+            allow: &[],
+        },
+    ),
+    (
+        "12.6",
         "CUmemAllocationProp_st",
         RecordChecks {
             size: 32u32,
@@ -1117,6 +1243,15 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                     values: &[0u64, 1u64, 8u64],
                 },
             ],
+        },
+    ),
+    (
+        "12.6",
+        "CUstreamBatchMemOpParams_union",
+        RecordChecks {
+            size: 48u32,
+            handles: &[],
+            allow: &[],
         },
     ),
     (
@@ -1160,6 +1295,15 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                     written: true,
                 },
             ],
+            allow: &[],
+        },
+    ),
+    (
+        "12.6",
+        "cudaLaunchAttributeValue",
+        RecordChecks {
+            size: 64u32,
+            handles: &[],
             allow: &[],
         },
     ),
@@ -1225,6 +1369,24 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                     written: false,
                 },
             ],
+            allow: &[],
+        },
+    ),
+    (
+        "12.6",
+        "cudaMemsetParams",
+        RecordChecks {
+            size: 40u32,
+            handles: &[],
+            allow: &[],
+        },
+    ),
+    (
+        "12.6",
+        "cudaPitchedPtr",
+        RecordChecks {
+            size: 32u32,
+            handles: &[],
             allow: &[],
         },
     ),
@@ -1470,6 +1632,15 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
     ),
     (
         "12.8",
+        "CUDA_MEMSET_NODE_PARAMS_st",
+        RecordChecks {
+            size: 40u32,
+            handles: &[],
+            allow: &[],
+        },
+    ),
+    (
+        "12.8",
         "CUDA_RESOURCE_DESC_st",
         RecordChecks {
             size: 144u32,
@@ -1561,6 +1732,15 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
     ),
     (
         "12.8",
+        "CUlaunchAttributeValue_union",
+        RecordChecks {
+            size: 64u32,
+            handles: &[],
+            allow: &[],
+        },
+    ),
+    (
+        "12.8",
         "CUmemAllocationProp_st",
         RecordChecks {
             size: 32u32,
@@ -1576,6 +1756,15 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
     ),
     (
         "12.8",
+        "CUmemDecompressParams_st",
+        RecordChecks {
+            size: 64u32,
+            handles: &[],
+            allow: &[],
+        },
+    ),
+    (
+        "12.8",
         "CUmemPoolProps_st",
         RecordChecks {
             size: 88u32,
@@ -1587,6 +1776,15 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                     values: &[0u64, 1u64, 8u64],
                 },
             ],
+        },
+    ),
+    (
+        "12.8",
+        "CUstreamBatchMemOpParams_union",
+        RecordChecks {
+            size: 48u32,
+            handles: &[],
+            allow: &[],
         },
     ),
     (
@@ -1630,6 +1828,15 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                     written: true,
                 },
             ],
+            allow: &[],
+        },
+    ),
+    (
+        "12.8",
+        "cudaLaunchAttributeValue",
+        RecordChecks {
+            size: 64u32,
+            handles: &[],
             allow: &[],
         },
     ),
@@ -1695,6 +1902,24 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                     written: false,
                 },
             ],
+            allow: &[],
+        },
+    ),
+    (
+        "12.8",
+        "cudaMemsetParams",
+        RecordChecks {
+            size: 40u32,
+            handles: &[],
+            allow: &[],
+        },
+    ),
+    (
+        "12.8",
+        "cudaPitchedPtr",
+        RecordChecks {
+            size: 32u32,
+            handles: &[],
             allow: &[],
         },
     ),
@@ -1945,6 +2170,15 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
     ),
     (
         "13.0",
+        "CUDA_MEMSET_NODE_PARAMS_st",
+        RecordChecks {
+            size: 40u32,
+            handles: &[],
+            allow: &[],
+        },
+    ),
+    (
+        "13.0",
         "CUDA_RESOURCE_DESC_st",
         RecordChecks {
             size: 144u32,
@@ -2036,6 +2270,15 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
     ),
     (
         "13.0",
+        "CUlaunchAttributeValue_union",
+        RecordChecks {
+            size: 64u32,
+            handles: &[],
+            allow: &[],
+        },
+    ),
+    (
+        "13.0",
         "CUmemAllocationProp_st",
         RecordChecks {
             size: 32u32,
@@ -2051,6 +2294,15 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
     ),
     (
         "13.0",
+        "CUmemDecompressParams_st",
+        RecordChecks {
+            size: 64u32,
+            handles: &[],
+            allow: &[],
+        },
+    ),
+    (
+        "13.0",
         "CUmemPoolProps_st",
         RecordChecks {
             size: 88u32,
@@ -2062,6 +2314,15 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                     values: &[0u64, 1u64, 8u64],
                 },
             ],
+        },
+    ),
+    (
+        "13.0",
+        "CUstreamBatchMemOpParams_union",
+        RecordChecks {
+            size: 48u32,
+            handles: &[],
+            allow: &[],
         },
     ),
     (
@@ -2105,6 +2366,15 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                     written: true,
                 },
             ],
+            allow: &[],
+        },
+    ),
+    (
+        "13.0",
+        "cudaLaunchAttributeValue",
+        RecordChecks {
+            size: 64u32,
+            handles: &[],
             allow: &[],
         },
     ),
@@ -2170,6 +2440,24 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                     written: false,
                 },
             ],
+            allow: &[],
+        },
+    ),
+    (
+        "13.0",
+        "cudaMemsetParams",
+        RecordChecks {
+            size: 40u32,
+            handles: &[],
+            allow: &[],
+        },
+    ),
+    (
+        "13.0",
+        "cudaPitchedPtr",
+        RecordChecks {
+            size: 32u32,
+            handles: &[],
             allow: &[],
         },
     ),
@@ -2416,6 +2704,15 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                     values: &[2u64, 3u64],
                 },
             ],
+        },
+    ),
+    (
+        "13.1",
+        "CUDA_MEMSET_NODE_PARAMS_st",
+        RecordChecks {
+            size: 40u32,
+            handles: &[],
+            allow: &[],
         },
     ),
     (
@@ -2517,6 +2814,15 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
     ),
     (
         "13.1",
+        "CUlaunchAttributeValue_union",
+        RecordChecks {
+            size: 64u32,
+            handles: &[],
+            allow: &[],
+        },
+    ),
+    (
+        "13.1",
         "CUmemAllocationProp_st",
         RecordChecks {
             size: 32u32,
@@ -2532,6 +2838,15 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
     ),
     (
         "13.1",
+        "CUmemDecompressParams_st",
+        RecordChecks {
+            size: 64u32,
+            handles: &[],
+            allow: &[],
+        },
+    ),
+    (
+        "13.1",
         "CUmemPoolProps_st",
         RecordChecks {
             size: 88u32,
@@ -2543,6 +2858,15 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                     values: &[0u64, 1u64, 8u64],
                 },
             ],
+        },
+    ),
+    (
+        "13.1",
+        "CUstreamBatchMemOpParams_union",
+        RecordChecks {
+            size: 48u32,
+            handles: &[],
+            allow: &[],
         },
     ),
     (
@@ -2606,6 +2930,15 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
     ),
     (
         "13.1",
+        "cudaLaunchAttributeValue",
+        RecordChecks {
+            size: 64u32,
+            handles: &[],
+            allow: &[],
+        },
+    ),
+    (
+        "13.1",
         "cudaMemPoolProps",
         RecordChecks {
             size: 88u32,
@@ -2666,6 +2999,24 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                     written: false,
                 },
             ],
+            allow: &[],
+        },
+    ),
+    (
+        "13.1",
+        "cudaMemsetParams",
+        RecordChecks {
+            size: 40u32,
+            handles: &[],
+            allow: &[],
+        },
+    ),
+    (
+        "13.1",
+        "cudaPitchedPtr",
+        RecordChecks {
+            size: 32u32,
+            handles: &[],
             allow: &[],
         },
     ),
@@ -2916,6 +3267,15 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
     ),
     (
         "13.5",
+        "CUDA_MEMSET_NODE_PARAMS_st",
+        RecordChecks {
+            size: 40u32,
+            handles: &[],
+            allow: &[],
+        },
+    ),
+    (
+        "13.5",
         "CUDA_RESOURCE_DESC_st",
         RecordChecks {
             size: 144u32,
@@ -3013,6 +3373,15 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
     ),
     (
         "13.5",
+        "CUlaunchAttributeValue_union",
+        RecordChecks {
+            size: 64u32,
+            handles: &[],
+            allow: &[],
+        },
+    ),
+    (
+        "13.5",
         "CUmemAllocationProp_st",
         RecordChecks {
             size: 32u32,
@@ -3028,6 +3397,15 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
     ),
     (
         "13.5",
+        "CUmemDecompressParams_st",
+        RecordChecks {
+            size: 64u32,
+            handles: &[],
+            allow: &[],
+        },
+    ),
+    (
+        "13.5",
         "CUmemPoolProps_st",
         RecordChecks {
             size: 88u32,
@@ -3039,6 +3417,15 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                     values: &[0u64, 1u64, 8u64],
                 },
             ],
+        },
+    ),
+    (
+        "13.5",
+        "CUstreamBatchMemOpParams_union",
+        RecordChecks {
+            size: 48u32,
+            handles: &[],
+            allow: &[],
         },
     ),
     (
@@ -3097,6 +3484,15 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                     written: true,
                 },
             ],
+            allow: &[],
+        },
+    ),
+    (
+        "13.5",
+        "cudaLaunchAttributeValue",
+        RecordChecks {
+            size: 64u32,
+            handles: &[],
             allow: &[],
         },
     ),
@@ -3162,6 +3558,24 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                     written: false,
                 },
             ],
+            allow: &[],
+        },
+    ),
+    (
+        "13.5",
+        "cudaMemsetParams",
+        RecordChecks {
+            size: 40u32,
+            handles: &[],
+            allow: &[],
+        },
+    ),
+    (
+        "13.5",
+        "cudaPitchedPtr",
+        RecordChecks {
+            size: 32u32,
+            handles: &[],
             allow: &[],
         },
     ),
@@ -3261,6 +3675,21 @@ pub fn record(version: &str, record: &str) -> Option<&'static RecordChecks> {
         .ok()
         .map(|i| &RECORDS[i].2)
 }
+/// Records whose every span of device memory the worker checks as the
+/// session's (`spans` in their spec; `worker/src/records.rs` reads them), sorted.
+pub static SPANS: &[&str] = &[
+    "CUDA_MEMCPY2D_st",
+    "CUDA_MEMCPY3D_PEER_st",
+    "CUDA_MEMCPY3D_st",
+    "CUDA_MEMSET_NODE_PARAMS_st",
+    "CUDA_RESOURCE_DESC_st",
+    "CUmemDecompressParams_st",
+    "CUstreamBatchMemOpParams_union",
+    "cudaMemcpy3DParms",
+    "cudaMemcpy3DPeerParms",
+    "cudaMemsetParams",
+    "cudaResourceDesc",
+];
 /// (function, parameter index, the values it may hold), sorted.
 pub static PARAMS: &[(&str, u8, &[u64])] = &[
     (
