@@ -5726,7 +5726,8 @@ fn dlopen_keeps_its_callers_search_path_and_hides_the_machines_video_engines() {
 
 /// CUDA 13.5's new entry points of both APIs, in a program built against its headers: host
 /// functions with a sync mode, single copies with attributes (1D both ways, 3D between
-/// pitched device memory) and parameter counts of a module's function and a registered kernel.
+/// pitched device memory), parameter counts of a module's function and a registered kernel,
+/// and a graph node made and set through the new `_v3`/`_v2` forms.
 const CUDA_13_5_CALLS: &str = r#"
 #include <cuda.h>
 #include <cuda_runtime_api.h>
@@ -5811,6 +5812,28 @@ int main(void) {
         if (b[at] != (copied ? a[at] : 0)) same = 0;
       }
   EXPECT(same);
+
+  /* A memset node made with cuGraphAddNode_v3, set anew with cuGraphNodeSetParams_v2. */
+  CUcontext ctx;
+  EXPECT(cuCtxGetCurrent(&ctx) == CUDA_SUCCESS);
+  CUgraph g;
+  CUgraphNode node;
+  EXPECT(cuGraphCreate(&g, 0) == CUDA_SUCCESS);
+  CUgraphNodeParams np;
+  memset(&np, 0, sizeof np);
+  np.type = CU_GRAPH_NODE_TYPE_MEMSET;
+  np.memset.dst = (CUdeviceptr)dev2; np.memset.value = 0x11; np.memset.elementSize = 1;
+  np.memset.width = 64; np.memset.height = 1; np.memset.pitch = 64; np.memset.ctx = ctx;
+  EXPECT(cuGraphAddNode_v3(&node, g, NULL, NULL, 0, &np) == CUDA_SUCCESS);
+  np.memset.value = 0x22;
+  EXPECT(cuGraphNodeSetParams_v2(node, &np) == CUDA_SUCCESS);
+  CUgraphExec exec;
+  EXPECT(cuGraphInstantiate(&exec, g, 0) == CUDA_SUCCESS);
+  EXPECT(cuGraphLaunch(exec, (CUstream)s) == CUDA_SUCCESS);
+  CHECK(cudaStreamSynchronize(s));
+  CHECK(cudaMemcpy(back, dev2, 128, cudaMemcpyDeviceToHost));
+  EXPECT(b[0] == 0x22 && b[63] == 0x22 && b[64] != 0x22);
+  EXPECT(cuGraphExecDestroy(exec) == CUDA_SUCCESS && cuGraphDestroy(g) == CUDA_SUCCESS);
   printf("OK\n");
   return 0;
 }
