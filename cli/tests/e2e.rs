@@ -5160,6 +5160,16 @@ extern int ncclCommDestroy(ncclComm_t);
 extern int ncclRedOpCreatePreMulSum(int *, void *, int, int, ncclComm_t);
 extern int ncclRedOpDestroy(int, ncclComm_t);
 extern const char *ncclGetLastError(ncclComm_t);
+/* NCCL 2.27's configuration (80 bytes; the newest headers' is 120). */
+typedef struct {
+  size_t size; unsigned magic, version;
+  int blocking, cgaClusterSize, minCTAs, maxCTAs;
+  const char *netName; int splitShare, trafficClass; const char *commName;
+  int collnetEnable, CTAPolicy, shrinkShare, nvlsCTAs, nChannelsPerNetPeer, nvlinkCentricSched;
+} config_v22700;
+extern int ncclCommInitRankConfig(ncclComm_t *, int, ncclUniqueId, int, config_v22700 *);
+#include <sys/mman.h>
+#include <unistd.h>
 #define C(x) do { int e = (int)(x); if (e) { printf("FAIL line %d: %s -> %d\n", __LINE__, #x, e); return 1; } } while (0)
 #define N (1 << 18)
 int main(void) {
@@ -5208,6 +5218,20 @@ int main(void) {
   C(ncclAllReduce(a, b, N, 7, 0, (ncclComm_t)0x1234, s));
   if (ncclCommGetAsyncError(comm, &async) != 4) { printf("FAIL deferred refusal\n"); return 1; }
   C(ncclCommDestroy(comm));
+  /* An older, shorter configuration ending where memory ends is read no further than its
+     size says; one that names a network (a string of this process) is refused. */
+  long page = sysconf(_SC_PAGESIZE);
+  unsigned char *pages = mmap(NULL, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (pages == MAP_FAILED || mprotect(pages + page, page, PROT_NONE)) { printf("FAIL mmap\n"); return 1; }
+  config_v22700 *config = (config_v22700 *)(pages + page - sizeof(config_v22700));
+  memset(config, 0, sizeof *config);
+  config->size = sizeof *config; config->magic = 0xcafebeef; config->version = 22700;
+  config->blocking = config->cgaClusterSize = config->minCTAs = config->maxCTAs = (int)0x80000000;
+  ncclComm_t configured;
+  C(ncclCommInitRankConfig(&configured, 1, id, 0, config));
+  C(ncclCommDestroy(configured));
+  config->netName = "ib0";
+  if (ncclCommInitRankConfig(&configured, 1, id, 0, config) == 0) { printf("FAIL a client's string reached NCCL\n"); return 1; }
   printf("OK %d\n", version);
   return 0;
 }

@@ -217,7 +217,7 @@ pub unsafe extern "C" fn __chidori_nccl_ncclCommInitRank(
         ) as u32
     }
 }
-///`ncclCommInitRankConfig` for CUDA 11.8, 12.1, 12.6 (sync).
+///`ncclCommInitRankConfig` for CUDA 11.8, 12.1, 12.6 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_ncclCommInitRankConfig__cu118(
     comm: *mut c_void,
@@ -227,19 +227,36 @@ pub unsafe extern "C" fn __chidori_nccl_ncclCommInitRankConfig__cu118(
     config: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nccl::ncclCommInitRankConfig__cu118,
-            &[
-                (comm) as usize as u64,
-                (nranks) as i64 as u64,
-                &(commId) as *const _ as usize as u64,
-                (rank) as i64 as u64,
-                (config) as usize as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "ncclCommInitRankConfig",
+                version: "12.6",
+                library: "nccl",
+                forms: &[
+                    &chidori_cuda::calls::nccl::ncclCommInitRankConfig__cu118__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 5i64,
+                    unavailable: 2i64,
+                    invalid_handle: 4i64,
+                    invalid_value: 4i64,
+                },
+            };
+            crate::custom::nccl::config_raw(
+                &CTX,
+                &[
+                    (comm) as usize as u64,
+                    (nranks) as i64 as u64,
+                    &(commId) as *const _ as usize as u64,
+                    (rank) as i64 as u64,
+                    (config) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
-///`ncclCommInitRankConfig` for CUDA 12.8, 13.0 (sync).
+///`ncclCommInitRankConfig` for CUDA 12.8, 13.0 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_ncclCommInitRankConfig__cu128(
     comm: *mut c_void,
@@ -249,19 +266,36 @@ pub unsafe extern "C" fn __chidori_nccl_ncclCommInitRankConfig__cu128(
     config: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nccl::ncclCommInitRankConfig__cu128,
-            &[
-                (comm) as usize as u64,
-                (nranks) as i64 as u64,
-                &(commId) as *const _ as usize as u64,
-                (rank) as i64 as u64,
-                (config) as usize as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "ncclCommInitRankConfig",
+                version: "13.0",
+                library: "nccl",
+                forms: &[
+                    &chidori_cuda::calls::nccl::ncclCommInitRankConfig__cu128__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 5i64,
+                    unavailable: 2i64,
+                    invalid_handle: 4i64,
+                    invalid_value: 4i64,
+                },
+            };
+            crate::custom::nccl::config_raw(
+                &CTX,
+                &[
+                    (comm) as usize as u64,
+                    (nranks) as i64 as u64,
+                    &(commId) as *const _ as usize as u64,
+                    (rank) as i64 as u64,
+                    (config) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
-///`ncclCommInitRankConfig` for CUDA 13.1 (sync).
+///`ncclCommInitRankConfig` for CUDA 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_ncclCommInitRankConfig__cu131(
     comm: *mut c_void,
@@ -271,19 +305,36 @@ pub unsafe extern "C" fn __chidori_nccl_ncclCommInitRankConfig__cu131(
     config: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nccl::ncclCommInitRankConfig__cu131,
-            &[
-                (comm) as usize as u64,
-                (nranks) as i64 as u64,
-                &(commId) as *const _ as usize as u64,
-                (rank) as i64 as u64,
-                (config) as usize as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "ncclCommInitRankConfig",
+                version: "13.1",
+                library: "nccl",
+                forms: &[
+                    &chidori_cuda::calls::nccl::ncclCommInitRankConfig__cu131__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 5i64,
+                    unavailable: 2i64,
+                    invalid_handle: 4i64,
+                    invalid_value: 4i64,
+                },
+            };
+            crate::custom::nccl::config_raw(
+                &CTX,
+                &[
+                    (comm) as usize as u64,
+                    (nranks) as i64 as u64,
+                    &(commId) as *const _ as usize as u64,
+                    (rank) as i64 as u64,
+                    (config) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
-///`ncclCommInitRankConfig` for CUDA 13.5 (sync).
+///`ncclCommInitRankConfig` for CUDA 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_ncclCommInitRankConfig__cu135(
     comm: *mut c_void,
@@ -293,16 +344,33 @@ pub unsafe extern "C" fn __chidori_nccl_ncclCommInitRankConfig__cu135(
     config: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nccl::ncclCommInitRankConfig__cu135,
-            &[
-                (comm) as usize as u64,
-                (nranks) as i64 as u64,
-                &(commId) as *const _ as usize as u64,
-                (rank) as i64 as u64,
-                (config) as usize as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "ncclCommInitRankConfig",
+                version: "13.5",
+                library: "nccl",
+                forms: &[
+                    &chidori_cuda::calls::nccl::ncclCommInitRankConfig__cu135__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 5i64,
+                    unavailable: 2i64,
+                    invalid_handle: 4i64,
+                    invalid_value: 4i64,
+                },
+            };
+            crate::custom::nccl::config_raw(
+                &CTX,
+                &[
+                    (comm) as usize as u64,
+                    (nranks) as i64 as u64,
+                    &(commId) as *const _ as usize as u64,
+                    (rank) as i64 as u64,
+                    (config) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`ncclCommResume` for CUDA 13.5 (sync).
@@ -328,7 +396,7 @@ pub unsafe extern "C" fn __chidori_nccl_ncclCommRevoke(
         ) as u32
     }
 }
-///`ncclCommSplit` for CUDA 11.8, 12.1, 12.6 (sync).
+///`ncclCommSplit` for CUDA 11.8, 12.1, 12.6 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_ncclCommSplit__cu118(
     comm: *mut c_void,
@@ -338,19 +406,34 @@ pub unsafe extern "C" fn __chidori_nccl_ncclCommSplit__cu118(
     config: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nccl::ncclCommSplit__cu118,
-            &[
-                (comm) as usize as u64,
-                (color) as i64 as u64,
-                (key) as i64 as u64,
-                (newcomm) as usize as u64,
-                (config) as usize as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "ncclCommSplit",
+                version: "12.6",
+                library: "nccl",
+                forms: &[&chidori_cuda::calls::nccl::ncclCommSplit__cu118__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 5i64,
+                    unavailable: 2i64,
+                    invalid_handle: 4i64,
+                    invalid_value: 4i64,
+                },
+            };
+            crate::custom::nccl::config_raw(
+                &CTX,
+                &[
+                    (comm) as usize as u64,
+                    (color) as i64 as u64,
+                    (key) as i64 as u64,
+                    (newcomm) as usize as u64,
+                    (config) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
-///`ncclCommSplit` for CUDA 12.8, 13.0 (sync).
+///`ncclCommSplit` for CUDA 12.8, 13.0 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_ncclCommSplit__cu128(
     comm: *mut c_void,
@@ -360,19 +443,34 @@ pub unsafe extern "C" fn __chidori_nccl_ncclCommSplit__cu128(
     config: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nccl::ncclCommSplit__cu128,
-            &[
-                (comm) as usize as u64,
-                (color) as i64 as u64,
-                (key) as i64 as u64,
-                (newcomm) as usize as u64,
-                (config) as usize as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "ncclCommSplit",
+                version: "13.0",
+                library: "nccl",
+                forms: &[&chidori_cuda::calls::nccl::ncclCommSplit__cu128__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 5i64,
+                    unavailable: 2i64,
+                    invalid_handle: 4i64,
+                    invalid_value: 4i64,
+                },
+            };
+            crate::custom::nccl::config_raw(
+                &CTX,
+                &[
+                    (comm) as usize as u64,
+                    (color) as i64 as u64,
+                    (key) as i64 as u64,
+                    (newcomm) as usize as u64,
+                    (config) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
-///`ncclCommSplit` for CUDA 13.1 (sync).
+///`ncclCommSplit` for CUDA 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_ncclCommSplit__cu131(
     comm: *mut c_void,
@@ -382,19 +480,34 @@ pub unsafe extern "C" fn __chidori_nccl_ncclCommSplit__cu131(
     config: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nccl::ncclCommSplit__cu131,
-            &[
-                (comm) as usize as u64,
-                (color) as i64 as u64,
-                (key) as i64 as u64,
-                (newcomm) as usize as u64,
-                (config) as usize as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "ncclCommSplit",
+                version: "13.1",
+                library: "nccl",
+                forms: &[&chidori_cuda::calls::nccl::ncclCommSplit__cu131__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 5i64,
+                    unavailable: 2i64,
+                    invalid_handle: 4i64,
+                    invalid_value: 4i64,
+                },
+            };
+            crate::custom::nccl::config_raw(
+                &CTX,
+                &[
+                    (comm) as usize as u64,
+                    (color) as i64 as u64,
+                    (key) as i64 as u64,
+                    (newcomm) as usize as u64,
+                    (config) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
-///`ncclCommSplit` for CUDA 13.5 (sync).
+///`ncclCommSplit` for CUDA 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nccl_ncclCommSplit__cu135(
     comm: *mut c_void,
@@ -404,16 +517,31 @@ pub unsafe extern "C" fn __chidori_nccl_ncclCommSplit__cu135(
     config: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nccl::ncclCommSplit__cu135,
-            &[
-                (comm) as usize as u64,
-                (color) as i64 as u64,
-                (key) as i64 as u64,
-                (newcomm) as usize as u64,
-                (config) as usize as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "ncclCommSplit",
+                version: "13.5",
+                library: "nccl",
+                forms: &[&chidori_cuda::calls::nccl::ncclCommSplit__cu135__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 5i64,
+                    unavailable: 2i64,
+                    invalid_handle: 4i64,
+                    invalid_value: 4i64,
+                },
+            };
+            crate::custom::nccl::config_raw(
+                &CTX,
+                &[
+                    (comm) as usize as u64,
+                    (color) as i64 as u64,
+                    (key) as i64 as u64,
+                    (newcomm) as usize as u64,
+                    (config) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`ncclCommSuspend` for CUDA 13.5 (sync).

@@ -1,7 +1,7 @@
 //! Hand-written NCCL functions.
 #![allow(clippy::missing_safety_doc)]
 
-use chidori_protocol::desc::{Ctx, Form};
+use chidori_protocol::desc::{Ctx, Form, Wire};
 
 /// ncclScalarDevice and ncclScalarHostImmediate.
 const SCALAR_DEVICE: u64 = chidori_cuda::consts::ncclScalarResidence_t::ncclScalarDevice as u64;
@@ -21,6 +21,51 @@ pub unsafe fn pre_mul_sum(ctx: &Ctx, args: &[u64]) -> u64 {
         // SAFETY: the caller's arguments, as the form the residence names describes them.
         unsafe { crate::runtime::call(ctx.form(form), args) }
     })
+}
+
+/// ncclCommInitRankConfig and ncclCommSplit (`raw_args`, the configuration last). NCCL's
+/// configuration starts with its own size (`NCCL_CONFIG_INITIALIZER`), and a program built
+/// against an older NCCL holds a shorter record than the newest headers' that the call is
+/// described by: it travels as a copy of what the program's record says it holds, the rest
+/// zero, so nothing past the program's record is read. The server's NCCL reads the size the
+/// program wrote.
+pub unsafe fn config_raw(ctx: &Ctx, args: &[u64]) -> u64 {
+    let desc = ctx.form(Form::Call);
+    let record = desc.params.iter().enumerate().rev().find_map(|(i, w)| match w {
+        Wire::Buf { record: Some(r), .. } => Some((i, *r)),
+        _ => None,
+    });
+    let full = record.and_then(|(_, r)| chidori_cuda::structs::get(ctx.version, r)).map_or(0, |m| m.size as usize);
+    let mut args = args.to_vec();
+    let mut copy = Vec::new();
+    if let Some((i, _)) = record
+        && let Some(p) = args.get_mut(i).filter(|p| **p != 0 && full != 0)
+    {
+        // SAFETY: the program's configuration, whose first field is its size.
+        copy = unsafe { config_copy(*p as *const u8, full) };
+        *p = copy.as_ptr() as u64;
+    }
+    let status = crate::guard::ffi(ctx.name, ctx.codes.invalid_value as u64, || {
+        // SAFETY: the caller's arguments, the configuration in `copy` (alive until here).
+        unsafe { crate::runtime::call(desc, &args) }
+    });
+    drop(copy);
+    status
+}
+
+/// `full` bytes: the configuration at `p` as far as its size field (its first word) says,
+/// at most `full`, then zeros.
+///
+/// # Safety
+/// `p` points at a configuration whose first word is readable and says how many bytes are.
+unsafe fn config_copy(p: *const u8, full: usize) -> Vec<u8> {
+    let mut copy = vec![0u8; full];
+    // SAFETY: per the contract.
+    let said = unsafe { std::ptr::read_unaligned(p as *const usize) };
+    let n = said.clamp(size_of::<usize>(), full);
+    // SAFETY: the program's record holds `said` bytes; `n` is no more, nor more than `full`.
+    unsafe { std::ptr::copy_nonoverlapping(p, copy.as_mut_ptr(), n) };
+    copy
 }
 
 /// NCCL's text buffer is 1024 bytes (the text is cut there, as NCCL cuts it).
@@ -69,4 +114,44 @@ pub unsafe fn last_error(ctx: &Ctx, comm: *mut std::ffi::c_void) -> *mut std::ff
         *buffer.add(len) = 0;
     }
     buffer.cast()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An 80-byte configuration of NCCL 2.27 (size 80 first), ending where the next page
+    /// is inaccessible: the copy for 2.32's 120-byte record reads none of that page.
+    #[test]
+    fn an_older_configuration_is_copied_as_far_as_its_size_says() {
+        // SAFETY: two fresh anonymous pages, the second made inaccessible, unmapped at the end.
+        unsafe {
+            let page = libc::sysconf(libc::_SC_PAGESIZE) as usize;
+            let base = libc::mmap(
+                std::ptr::null_mut(),
+                2 * page,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            assert_ne!(base, libc::MAP_FAILED);
+            assert_eq!(libc::mprotect((base as *mut u8).add(page).cast(), page, libc::PROT_NONE), 0);
+            let config = (base as *mut u8).add(page - 80);
+            std::ptr::write_bytes(config, 0x5a, 80);
+            std::ptr::write_unaligned(config as *mut usize, 80);
+            let copy = config_copy(config, 120);
+            assert_eq!(copy.len(), 120);
+            assert_eq!(usize::from_ne_bytes(copy[..8].try_into().unwrap()), 80);
+            assert!(copy[8..80].iter().all(|&b| b == 0x5a) && copy[80..].iter().all(|&b| b == 0));
+            // A size past the record the call is described by is cut there (120 bytes, up to
+            // the inaccessible page).
+            let longer = config.sub(40);
+            std::ptr::write_unaligned(longer as *mut usize, 1 << 20);
+            let copy = config_copy(longer, 120);
+            assert_eq!(usize::from_ne_bytes(copy[..8].try_into().unwrap()), 1 << 20);
+            assert_eq!(copy[119], 0x5a);
+            libc::munmap(base, 2 * page);
+        }
+    }
 }
