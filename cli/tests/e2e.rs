@@ -4609,6 +4609,42 @@ fn attributes_asked_together_after_one_was_set_come_from_the_set_and_the_learned
     assert!(!stderr.contains("answered differently"), "{stderr}");
 }
 
+/// An NVML record that says its size in its version word, of an older NVML (v2, 36 bytes;
+/// the newest headers' is 40) ending where memory ends: only its own bytes go and come back.
+#[test]
+fn an_older_nvml_record_is_read_and_written_only_as_far_as_its_version_says() {
+    let source = r#"
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+extern int nvmlInit_v2(void);
+extern int nvmlDeviceGetHandleByIndex_v2(unsigned int, void **);
+extern int nvmlDeviceGetGpuFabricInfoV(void *, void *);
+int main(void) {
+  void *dev;
+  if (nvmlInit_v2() || nvmlDeviceGetHandleByIndex_v2(0, &dev)) { printf("init\n"); return 1; }
+  long page = sysconf(_SC_PAGESIZE);
+  unsigned char *pages = mmap(NULL, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (pages == MAP_FAILED || mprotect(pages + page, page, PROT_NONE)) { printf("mmap\n"); return 1; }
+  unsigned char *info = pages + page - 36;
+  memset(info, 0, 36);
+  unsigned version = 36u | (2u << 24); /* NVML_STRUCT_VERSION(GpuFabricInfo, 2) */
+  memcpy(info, &version, 4);
+  int status = nvmlDeviceGetGpuFabricInfoV(dev, info);
+  int filled = 1;
+  for (int i = 4; i < 36; ++i) filled &= info[i] == 0x11;
+  printf("%d %d\n", status, filled);
+  return 0;
+}
+"#;
+    let server = server();
+    let exe = program_with("nvml_versioned", source, &["-l:libnvidia-ml.so.1"]);
+    let out = run_cmd(&server.address, &exe).output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && stdout.trim() == "0 1", "{stdout}\n{stderr}");
+}
+
 /// Issue 19: versions and properties (the specs' `constant`) are asked once per process,
 /// and a later process on the same server is given what the first was, the call still sent
 /// without waiting and its answer checked.

@@ -1223,30 +1223,64 @@ pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGpuFabricInfo__cu126(
         ) as u32
     }
 }
-///`nvmlDeviceGetGpuFabricInfoV` for CUDA 12.6, 12.8 (sync).
+///`nvmlDeviceGetGpuFabricInfoV` for CUDA 12.6, 12.8 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGpuFabricInfoV__cu126(
     device: *mut c_void,
     gpuFabricInfo: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvml::nvmlDeviceGetGpuFabricInfoV__cu126,
-            &[(device) as usize as u64, (gpuFabricInfo) as usize as u64],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "nvmlDeviceGetGpuFabricInfoV",
+                version: "12.8",
+                library: "nvml",
+                forms: &[
+                    &chidori_cuda::calls::nvml::nvmlDeviceGetGpuFabricInfoV__cu126__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 3i64,
+                    unavailable: 9i64,
+                    invalid_handle: 2i64,
+                    invalid_value: 2i64,
+                },
+            };
+            crate::custom::nvml::versioned_raw(
+                &CTX,
+                &[(device) as usize as u64, (gpuFabricInfo) as usize as u64],
+            )
+        }) as u32
     }
 }
-///`nvmlDeviceGetGpuFabricInfoV` for CUDA 13.0, 13.1, 13.5 (sync).
+///`nvmlDeviceGetGpuFabricInfoV` for CUDA 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvml_nvmlDeviceGetGpuFabricInfoV__cu130(
     device: *mut c_void,
     gpuFabricInfo: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvml::nvmlDeviceGetGpuFabricInfoV__cu130,
-            &[(device) as usize as u64, (gpuFabricInfo) as usize as u64],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "nvmlDeviceGetGpuFabricInfoV",
+                version: "13.5",
+                library: "nvml",
+                forms: &[
+                    &chidori_cuda::calls::nvml::nvmlDeviceGetGpuFabricInfoV__cu130__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 3i64,
+                    unavailable: 9i64,
+                    invalid_handle: 2i64,
+                    invalid_value: 2i64,
+                },
+            };
+            crate::custom::nvml::versioned_raw(
+                &CTX,
+                &[(device) as usize as u64, (gpuFabricInfo) as usize as u64],
+            )
+        }) as u32
     }
 }
 ///`nvmlDeviceGetGpuInstanceById` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).

@@ -289,7 +289,7 @@ fn a_host_function_must_be_named() {
 #[test]
 fn nvml_versions_naming_larger_records_are_refused() {
     let harness = fuzz::emulated_harness();
-    let desc = newest("nvmlDeviceGetGpuFabricInfoV", None);
+    let desc = newest("nvmlDeviceGetGpuFabricInfoV", Some(Form::Call));
     let Some(Wire::Buf { record: Some(record), .. }) = desc.params.get(1) else { panic!("{desc:?}") };
     let size = chidori_cuda::structs::get(desc.versions.last().unwrap(), record).unwrap().size;
     // A device of the session (the emulated backend has no NVML to ask for one).

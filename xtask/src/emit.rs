@@ -413,8 +413,66 @@ impl<'a> Emitter<'a> {
         Ok(())
     }
 
+    /// Within one SONAME a name maps to its newest variant, which holds where NVIDIA grows
+    /// records into reserved space. A record that grew otherwise (NCCL's configuration, 80
+    /// bytes in 2.27, 120 in 2.32) would be read or written past the end of an older
+    /// caller's: a forwarded call whose records differ in size between the versions its
+    /// SONAME serves stops the generator (custom code, which can read the record's own size,
+    /// may take them).
+    fn records_grown_within_a_soname(&self) -> Result<()> {
+        let mut grown = BTreeSet::new();
+        let records = |d: &Disposition| -> Vec<(usize, String)> {
+            match d {
+                Disposition::Forward { params, .. } => params
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, w)| match w {
+                        Wire::Buf { record: Some(r), .. } | Wire::ByValRecord { record: r, .. } => Some((i, r.clone())),
+                        _ => None,
+                    })
+                    .collect(),
+                _ => Vec::new(),
+            }
+        };
+        for lib in &self.model.libraries {
+            for shim in &lib.shims {
+                for name in shim.exports.keys() {
+                    let Some(f) = lib.functions.get(name) else { continue };
+                    let served: Vec<&String> = shim.versions.iter().filter(|v| f.by_version.contains_key(*v)).collect();
+                    let Some(newest) = served.last() else { continue };
+                    let chosen = &f.variants[f.by_version[*newest]];
+                    let size = |version: &str, record: &str| self.env(version).records.get(record).map(|r| r.size);
+                    for (i, record) in records(&chosen.disposition) {
+                        let sent = size(newest, &record);
+                        for older in &served {
+                            let variant = &f.variants[f.by_version[*older]];
+                            let theirs = records(&variant.disposition).into_iter().find(|(j, _)| *j == i);
+                            let held = theirs.and_then(|(_, r)| size(older, &r));
+                            if held.is_some() && held != sent {
+                                grown.insert(format!(
+                                    "{}: {name} parameter {i}: {} bytes for CUDA {older}'s callers, {} sent",
+                                    shim.soname,
+                                    held.unwrap_or(0),
+                                    sent.unwrap_or(0)
+                                ));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        if !grown.is_empty() {
+            bail!(
+                "records that grew within a SONAME (an older caller's is shorter than what would be sent):\n  {}",
+                grown.into_iter().collect::<Vec<_>>().join("\n  ")
+            );
+        }
+        Ok(())
+    }
+
     fn checks(&self) -> Result<String> {
         self.unchecked_pointer_fields()?;
+        self.records_grown_within_a_soname()?;
         let mut records = BTreeMap::new();
         for lib in &self.model.libraries {
             for (name, spec) in &lib.spec.record {

@@ -1228,6 +1228,14 @@ impl Emulated {
                     }
                     status
                 }
+                // A GPU outside any NVLink fabric: the record as long as its version word says
+                // (the client sends the newest headers' length), every field after it 0x11.
+                "nvmlDeviceGetGpuFabricInfoV" if !device_ok(a[0]) || a[1] == 0 => invalid,
+                "nvmlDeviceGetGpuFabricInfoV" => {
+                    let said = std::ptr::read_unaligned(a[1] as *const u32) & 0x00ff_ffff;
+                    std::ptr::write_bytes((a[1] + 4) as *mut u8, 0x11, (said as usize).saturating_sub(4));
+                    SUCCESS
+                }
                 // The driver's and NVML's versions, of the driver series the profile was
                 // recorded on (CUDA 13.0: 580): into `length` bytes, the terminator included.
                 "nvmlSystemGetDriverVersion" | "nvmlSystemGetNVMLVersion" => {
