@@ -1,7 +1,7 @@
 //! Hand-written NCCL functions.
 #![allow(clippy::missing_safety_doc)]
 
-use chidori_protocol::desc::{Ctx, Form, Wire};
+use chidori_protocol::desc::{Ctx, Form};
 
 /// ncclScalarDevice and ncclScalarHostImmediate.
 const SCALAR_DEVICE: u64 = chidori_cuda::consts::ncclScalarResidence_t::ncclScalarDevice as u64;
@@ -23,49 +23,18 @@ pub unsafe fn pre_mul_sum(ctx: &Ctx, args: &[u64]) -> u64 {
     })
 }
 
-/// ncclCommInitRankConfig and ncclCommSplit (`raw_args`, the configuration last). NCCL's
-/// configuration starts with its own size (`NCCL_CONFIG_INITIALIZER`), and a program built
-/// against an older NCCL holds a shorter record than the newest headers' that the call is
-/// described by: it travels as a copy of what the program's record says it holds, the rest
-/// zero, so nothing past the program's record is read. The server's NCCL reads the size the
-/// program wrote.
+/// ncclCommInitRankConfig and ncclCommSplit (`raw_args`): the configuration starts with its
+/// own size (`NCCL_CONFIG_INITIALIZER`), and travels as long as that says
+/// ([`super::call_with_own_size`]).
 pub unsafe fn config_raw(ctx: &Ctx, args: &[u64]) -> u64 {
-    let desc = ctx.form(Form::Call);
-    let record = desc.params.iter().enumerate().rev().find_map(|(i, w)| match w {
-        Wire::Buf { record: Some(r), .. } => Some((i, *r)),
-        _ => None,
-    });
-    let full = record.and_then(|(_, r)| chidori_cuda::structs::get(ctx.version, r)).map_or(0, |m| m.size as usize);
-    let mut args = args.to_vec();
-    let mut copy = Vec::new();
-    if let Some((i, _)) = record
-        && let Some(p) = args.get_mut(i).filter(|p| **p != 0 && full != 0)
-    {
-        // SAFETY: the program's configuration, whose first field is its size.
-        copy = unsafe { config_copy(*p as *const u8, full) };
-        *p = copy.as_ptr() as u64;
-    }
-    let status = crate::guard::ffi(ctx.name, ctx.codes.invalid_value as u64, || {
-        // SAFETY: the caller's arguments, the configuration in `copy` (alive until here).
-        unsafe { crate::runtime::call(desc, &args) }
-    });
-    drop(copy);
-    status
+    // SAFETY: the caller's arguments; a configuration's first field is its size.
+    unsafe { super::call_with_own_size(ctx, args, config_size) }
 }
 
-/// `full` bytes: the configuration at `p` as far as its size field (its first word) says,
-/// at most `full`, then zeros.
-///
-/// # Safety
-/// `p` points at a configuration whose first word is readable and says how many bytes are.
-unsafe fn config_copy(p: *const u8, full: usize) -> Vec<u8> {
-    let mut copy = vec![0u8; full];
-    // SAFETY: per the contract.
-    let said = unsafe { std::ptr::read_unaligned(p as *const usize) };
-    let n = said.clamp(size_of::<usize>(), full);
-    // SAFETY: the program's record holds `said` bytes; `n` is no more, nor more than `full`.
-    unsafe { std::ptr::copy_nonoverlapping(p, copy.as_mut_ptr(), n) };
-    copy
+/// A configuration's size: its first field, a `size_t`.
+fn config_size(p: *const u8) -> usize {
+    // SAFETY: `call_with_own_size` passes a non-null record whose first word is readable.
+    unsafe { std::ptr::read_unaligned(p as *const usize) }
 }
 
 /// NCCL's text buffer is 1024 bytes (the text is cut there, as NCCL cuts it).
@@ -140,7 +109,7 @@ mod tests {
             let config = (base as *mut u8).add(page - 80);
             std::ptr::write_bytes(config, 0x5a, 80);
             std::ptr::write_unaligned(config as *mut usize, 80);
-            let copy = config_copy(config, 120);
+            let (copy, _) = super::super::own_size_copy(config, 120, config_size);
             assert_eq!(copy.len(), 120);
             assert_eq!(usize::from_ne_bytes(copy[..8].try_into().unwrap()), 80);
             assert!(copy[8..80].iter().all(|&b| b == 0x5a) && copy[80..].iter().all(|&b| b == 0));
@@ -148,7 +117,7 @@ mod tests {
             // the inaccessible page).
             let longer = config.sub(40);
             std::ptr::write_unaligned(longer as *mut usize, 1 << 20);
-            let copy = config_copy(longer, 120);
+            let (copy, _) = super::super::own_size_copy(longer, 120, config_size);
             assert_eq!(usize::from_ne_bytes(copy[..8].try_into().unwrap()), 1 << 20);
             assert_eq!(copy[119], 0x5a);
             libc::munmap(base, 2 * page);

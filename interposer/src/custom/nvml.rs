@@ -7,7 +7,7 @@
 use std::ffi::c_void;
 
 use chidori_cuda::desc::Ctx;
-use chidori_protocol::desc::{Dir, Form, Wire};
+use chidori_protocol::desc::Form;
 
 const SUCCESS: u32 = chidori_cuda::consts::nvmlReturn_enum::NVML_SUCCESS;
 const INVALID_ARGUMENT: u32 = chidori_cuda::consts::nvmlReturn_enum::NVML_ERROR_INVALID_ARGUMENT;
@@ -123,42 +123,17 @@ fn local_process_name(pid: u32) -> Option<Vec<u8>> {
 }
 
 /// A call whose record starts with NVML's version word (`NVML_STRUCT_VERSION`: the record's
-/// size in the low 24 bits), such as nvmlDeviceGetGpuFabricInfoV (`raw_args`). A program
-/// built against an older NVML holds a shorter record than the newest headers' the call is
-/// described by: it travels as a copy of the bytes the version word says, the rest zero,
-/// and only those come back.
+/// size in its low 24 bits), such as nvmlDeviceGetGpuFabricInfoV (`raw_args`): the record
+/// travels and comes back as long as that says ([`super::call_with_own_size`]).
 pub unsafe fn versioned_raw(ctx: &Ctx, args: &[u64]) -> u64 {
-    let desc = ctx.form(Form::Call);
-    let record = desc.params.iter().enumerate().find_map(|(i, w)| match w {
-        Wire::Buf { dir, record: Some(r), .. } => Some((i, *dir, *r)),
-        _ => None,
-    });
-    let full = record.and_then(|(_, _, r)| chidori_cuda::structs::get(ctx.version, r)).map_or(0, |m| m.size as usize);
-    let Some((i, dir, _)) = record.filter(|_| full >= 4) else {
-        // SAFETY: the caller's arguments, as the call is described.
-        return unsafe { crate::runtime::call(desc, args) };
-    };
-    let p = args.get(i).copied().unwrap_or(0) as *mut u8;
-    if p.is_null() {
-        return u64::from(INVALID_ARGUMENT);
-    }
-    crate::guard::ffi(ctx.name, u64::from(INVALID_ARGUMENT), || {
-        // SAFETY: the program's record, whose first word says how many bytes it holds.
-        let said = unsafe { std::ptr::read_unaligned(p as *const u32) } as usize & 0x00ff_ffff;
-        let n = said.clamp(4, full);
-        let mut copy = vec![0u8; full];
-        // SAFETY: the program's record holds `n` bytes (no more than it says).
-        unsafe { std::ptr::copy_nonoverlapping(p, copy.as_mut_ptr(), n) };
-        let mut args = args.to_vec();
-        args[i] = copy.as_mut_ptr() as u64;
-        // SAFETY: the caller's arguments, the record in `copy`.
-        let status = unsafe { crate::runtime::call(desc, &args) };
-        if dir != Dir::In {
-            // SAFETY: as above; only the bytes the program's record holds go back.
-            unsafe { std::ptr::copy_nonoverlapping(copy.as_ptr(), p, n) };
-        }
-        status
-    })
+    // SAFETY: the caller's arguments; a versioned record's first word is its version.
+    unsafe { super::call_with_own_size(ctx, args, versioned_size) }
+}
+
+/// A versioned record's size: the low 24 bits of its version word.
+fn versioned_size(p: *const u8) -> usize {
+    // SAFETY: `call_with_own_size` passes a non-null record whose first word is readable.
+    (unsafe { std::ptr::read_unaligned(p as *const u32) } & 0x00ff_ffff) as usize
 }
 
 #[cfg(test)]
