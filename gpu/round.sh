@@ -74,6 +74,11 @@
 #   wire     what bounds a bulk copy on this machine (gpu/bench/wire.cu): loopback TCP with
 #            1/2/4 connections, 8 MiB chunks to and from the GPU; then rtt's copies through chidori
 #            without and with bulk lanes (CHIDORI_LANES=0, 4), twice each
+#   samples  NVIDIA's CUDA samples (gpu/samples/samples.py; carry target/cuda-samples.txz, made
+#            here by `python3 gpu/samples/samples.py pack`): built as their CMake files say,
+#            runtime linked statically ($SAMPLES_CUDART=shared: not), native and loopback
+#            compared ($SAMPLES_WAN=1: also at 70 ms; $SAMPLES_ONLY=a,b narrows;
+#            $SAMPLES_TIMEOUT per run, $SAMPLES_PARALLEL at once); a warm machine keeps the build
 #   hostile  every call descriptor with NULL pointers against the real libraries (the worker's
 #            hostile test binary, built by ./dev gpu); $HOSTILE_TIMEOUT, $HOSTILE_STUCK seconds
 #   opinfo   PyTorch's operator database natively and remotely, compared (gpu/opinfo/):
@@ -597,6 +602,30 @@ if want content; then
   done
   kill $CS_PID $CW_PID 2>/dev/null
   du -sh "$B/content-store" >> "$LOGS/content-make.txt" 2>&1
+fi
+
+if want samples; then
+  samples_cudart=${SAMPLES_CUDART:-static}
+  samples_src=$B/samples-src
+  samples_dir=$B/samples-$samples_cudart
+  if [[ ! -f $samples_dir/BUILT || -n ${SAMPLES_REBUILD:-} ]]; then
+    rm -rf "$samples_src" && mkdir -p "$samples_src" && tar -C "$samples_src" -xJf target/cuda-samples.txz
+    timeout ${SAMPLES_BUILD_TIMEOUT:-300} python3 gpu/samples/samples.py build --src "$samples_src" --out "$samples_dir" \
+      --cudart "$samples_cudart" ${SAMPLES_ONLY:+--only "$SAMPLES_ONLY"} > "$LOGS/samples-build.txt" 2>&1
+    for log in $(awk '$1 == "FAILED" {print $NF}' "$LOGS/samples-build.txt"); do
+      [[ -f $log ]] && cp "$log" "$LOGS/samples-build-$(basename "$(dirname "$log")").log"
+    done
+  fi
+  row "samples build" "$(tail -1 "$LOGS/samples-build.txt" 2>/dev/null) ($(cat "$samples_src/SOURCE" 2>/dev/null | cut -c1-34))"
+  samples_wan=()
+  [[ -n ${SAMPLES_WAN:-} ]] && samples_wan=(--wan-server 127.0.0.1:$WAN_PORT)
+  timeout ${SAMPLES_TOTAL:-400} python3 gpu/samples/samples.py run --build "$samples_dir" --chidori "$CHIDORI" \
+    --server $SERVER "${samples_wan[@]}" --json "$LOGS/samples.json" --timeout ${SAMPLES_TIMEOUT:-90} \
+    --parallel ${SAMPLES_PARALLEL:-4} ${SAMPLES_ONLY:+--only "$SAMPLES_ONLY"} > "$LOGS/samples.txt" 2>&1
+  rc=$?
+  # The samples that do not simply match, and the counts (the whole table is in the logs).
+  grep -vE '^[A-Za-z0-9_]+ +[0-9.]+( +match [0-9.]+)+$' "$LOGS/samples.txt" | tail -80
+  row "samples ($samples_cudart cudart)" "$(grep -E '^(loopback|wan):' "$LOGS/samples.txt" | tr '\n' ' ') rc=$rc"
 fi
 
 if want nccl; then
