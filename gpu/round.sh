@@ -60,7 +60,7 @@
 #            the second run should send hashes, not bytes (bytes sent from the trace)
 #   nccl     torch.distributed over NCCL (gpu/distributed/allreduce.py): one rank, or
 #            $NCCL_RANKS through torchrun; all-reduce and DDP steps native and remote
-#   libs     JAX, CuPy, pynvml, numba-cuda, cuda-python, torch 2:4 sparsity, CTC, expandable segments,
+#   libs     JAX, CuPy, pynvml, numba-cuda, cuda-python, torch 2:4 sparsity, CTC, expandable segments, CUDA IPC,
 #            the profiler and cudnn.benchmark (gpu/libs/*_smoke.py;
 #            $LIBS narrows): native and loopback values equal; without $LIBS also nvidia-smi's GPU facts (name, UUID, bus, memory, driver),
 #            the server's nvidia-smi run by the session
@@ -645,7 +645,7 @@ fi
 if want libs; then
   # Libraries beyond PyTorch (gpu/libs/*_smoke.py, or $LIBS): each natively, then through
   # chidori on loopback; the printed values must be equal.
-  for script in ${LIBS:-gpu/libs/jax_smoke.py gpu/libs/cupy_smoke.py gpu/libs/nvml_smoke.py gpu/libs/numba_smoke.py gpu/libs/cuda_python_smoke.py gpu/libs/torch_sparse_smoke.py gpu/libs/torch_ctc_smoke.py gpu/libs/torch_expandable_smoke.py gpu/libs/torch_profiler_smoke.py gpu/libs/torch_cudnn_benchmark_smoke.py}; do
+  for script in ${LIBS:-gpu/libs/jax_smoke.py gpu/libs/cupy_smoke.py gpu/libs/nvml_smoke.py gpu/libs/numba_smoke.py gpu/libs/cuda_python_smoke.py gpu/libs/torch_sparse_smoke.py gpu/libs/torch_ctc_smoke.py gpu/libs/torch_expandable_smoke.py gpu/libs/torch_profiler_smoke.py gpu/libs/torch_cudnn_benchmark_smoke.py gpu/libs/torch_ipc_smoke.py}; do
     name=$(basename "$script" .py)
     # -X faulthandler: a crash prints the Python stack it happened under.
     timeout ${RUN_TIMEOUT:-150} python3 -X faulthandler "$script" > "$LOGS/$name-native.out" \

@@ -119,6 +119,9 @@ pub struct SessionArgs {
     pub tls_key: Option<PathBuf>,
     #[arg(long)]
     pub memory_quota_mb: Option<u64>,
+    /// Where the server's sessions publish the CUDA IPC handles they export.
+    #[arg(long)]
+    pub ipc_dir: Option<PathBuf>,
 }
 
 /// The recorded H200 profile of this installation (`share/chidori/profiles` of a dist
@@ -173,6 +176,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         max_sessions: args.max_sessions.unwrap_or(0),
         memory_quota: args.memory_quota_mb.map(|mb| mb << 20),
         credentials: connect_line,
+        ipc_dir: None,
     };
     if options.credentials.is_none() && loopback {
         tracing::info!("loopback only: no TLS or token (--secure requires both here too)");
@@ -283,6 +287,7 @@ pub fn session(args: SessionArgs) -> Result<()> {
             _ => None,
         },
         memory_quota: args.memory_quota_mb.map(|mb| mb << 20),
+        ipc_dir: args.ipc_dir.clone(),
         resume: args.resume_fd.map(|fd| {
             use std::os::fd::FromRawFd;
             // SAFETY: the supervisor passes one end of a Unix socket pair at this descriptor,

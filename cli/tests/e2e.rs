@@ -6197,3 +6197,86 @@ fn large_copies_travel_compressed_where_that_pays() {
         "8 MiB of token ids received as {packed_received} bytes (plain: {plain_received})"
     );
 }
+
+/// CUDA IPC as NVIDIA's simpleIPC and torch's `multiprocessing` use it: a parent exports
+/// device memory and an interprocess event, a child process (another session) opens both,
+/// reads the parent's bytes, writes its own and records the event; the parent sees them.
+/// A handle no session exported, and a close of memory never opened, are refused.
+const IPC: &str = r#"
+#include <cuda_runtime_api.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+enum { N = 4096 };
+static int child(const char *path) {
+  cudaIpcMemHandle_t mem; cudaIpcEventHandle_t ev;
+  FILE *f = fopen(path, "rb");
+  EXPECT(f && fread(&mem, sizeof mem, 1, f) == 1 && fread(&ev, sizeof ev, 1, f) == 1);
+  fclose(f);
+  unsigned char *d = NULL;
+  CHECK(cudaIpcOpenMemHandle((void **)&d, mem, cudaIpcMemLazyEnablePeerAccess));
+  struct cudaPointerAttributes a;
+  CHECK(cudaPointerGetAttributes(&a, d + 100));
+  EXPECT(a.type == cudaMemoryTypeDevice);
+  unsigned char h[N];
+  CHECK(cudaMemcpy(h, d, N, cudaMemcpyDefault));
+  for (int i = 0; i < N; i++) EXPECT(h[i] == (unsigned char)(i * 7));
+  for (int i = 0; i < N; i++) h[i] = (unsigned char)(255 - i);
+  CHECK(cudaMemcpy(d, h, N, cudaMemcpyDefault));
+  cudaEvent_t e;
+  CHECK(cudaIpcOpenEventHandle(&e, ev));
+  CHECK(cudaEventRecord(e, 0));
+  CHECK(cudaEventSynchronize(e));
+  CHECK(cudaIpcCloseMemHandle(d));
+  CHECK(cudaEventDestroy(e));
+  printf("child OK\n");
+  return 0;
+}
+int main(int argc, char **argv) {
+  if (argc == 3) return child(argv[2]);
+  unsigned char *d, h[N];
+  CHECK(cudaMalloc((void **)&d, N));
+  for (int i = 0; i < N; i++) h[i] = (unsigned char)(i * 7);
+  CHECK(cudaMemcpy(d, h, N, cudaMemcpyHostToDevice));
+  cudaIpcMemHandle_t mem; cudaIpcEventHandle_t ev; cudaEvent_t e;
+  CHECK(cudaIpcGetMemHandle(&mem, d));
+  CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming | cudaEventInterprocess));
+  CHECK(cudaIpcGetEventHandle(&ev, e));
+  char path[256];
+  snprintf(path, sizeof path, "%s.handles", argv[0]);
+  FILE *f = fopen(path, "wb");
+  EXPECT(f && fwrite(&mem, sizeof mem, 1, f) == 1 && fwrite(&ev, sizeof ev, 1, f) == 1);
+  fclose(f);
+  /* A handle no session exported opens nothing; memory never opened does not close. */
+  cudaIpcMemHandle_t forged;
+  memset(&forged, 0x5a, sizeof forged);
+  void *p = NULL;
+  EXPECT(cudaIpcOpenMemHandle(&p, forged, cudaIpcMemLazyEnablePeerAccess) != cudaSuccess);
+  EXPECT(cudaIpcCloseMemHandle(d) != cudaSuccess);
+  fflush(stdout);
+  pid_t pid = fork();
+  if (pid == 0) {
+    execl(argv[0], argv[0], "child", path, (char *)NULL);
+    _exit(127);
+  }
+  int status = 0;
+  EXPECT(pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  CHECK(cudaEventSynchronize(e));
+  CHECK(cudaMemcpy(h, d, N, cudaMemcpyDeviceToHost));
+  for (int i = 0; i < N; i++) EXPECT(h[i] == (unsigned char)(255 - i));
+  CHECK(cudaEventDestroy(e));
+  CHECK(cudaFree(d));
+  printf("parent OK\n");
+  return 0;
+}
+"#;
+
+#[test]
+fn processes_share_memory_and_events_by_cuda_ipc() {
+    let server = server();
+    let exe = program("ipc", &format!("{CHECKS}{IPC}"));
+    let out = run_cmd(&server.address, &exe).output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && stdout.contains("child OK") && stdout.contains("parent OK"), "{stdout}\n{stderr}");
+    assert!(!stderr.contains("NOT_SUPPORTED"), "{stderr}");
+}

@@ -5018,17 +5018,130 @@ pub unsafe extern "C" fn __chidori_cudart_cudaInitDevice(
         ) as u32
     }
 }
-///`cudaIpcOpenEventHandle` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
+///`cudaIpcCloseMemHandle` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaIpcCloseMemHandle(
+    devPtr: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaIpcCloseMemHandle",
+                version: "13.5",
+                library: "cudart",
+                forms: &[&chidori_cuda::calls::cudart::cudaIpcCloseMemHandle__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::ipc::close_memory_raw(&CTX, &[(devPtr) as usize as u64])
+        }) as u32
+    }
+}
+///`cudaIpcGetEventHandle` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaIpcGetEventHandle(
+    handle: *mut c_void,
+    event: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaIpcGetEventHandle,
+            &[(handle) as usize as u64, (event) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaIpcGetMemHandle` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaIpcGetMemHandle(
+    handle: *mut c_void,
+    devPtr: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaIpcGetMemHandle",
+                version: "13.5",
+                library: "cudart",
+                forms: &[&chidori_cuda::calls::cudart::cudaIpcGetMemHandle__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::ipc::get_memory_handle_raw(
+                &CTX,
+                &[(handle) as usize as u64, (devPtr) as usize as u64],
+            )
+        }) as u32
+    }
+}
+///`cudaIpcOpenEventHandle` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaIpcOpenEventHandle(
     event: *mut c_void,
     handle: chidori_cuda::types::cudaIpcEventHandle_st,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudart::cudaIpcOpenEventHandle,
-            &[(event) as usize as u64, &(handle) as *const _ as usize as u64],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaIpcOpenEventHandle",
+                version: "13.5",
+                library: "cudart",
+                forms: &[&chidori_cuda::calls::cudart::cudaIpcOpenEventHandle__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::ipc::open_event_raw(
+                &CTX,
+                &[(event) as usize as u64, &(handle) as *const _ as usize as u64],
+            )
+        }) as u32
+    }
+}
+///`cudaIpcOpenMemHandle` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaIpcOpenMemHandle(
+    devPtr: *mut c_void,
+    handle: chidori_cuda::types::cudaIpcMemHandle_st,
+    flags: u32,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaIpcOpenMemHandle",
+                version: "13.5",
+                library: "cudart",
+                forms: &[&chidori_cuda::calls::cudart::cudaIpcOpenMemHandle__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::ipc::open_memory_raw(
+                &CTX,
+                &[
+                    (devPtr) as usize as u64,
+                    &(handle) as *const _ as usize as u64,
+                    (flags) as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaKernelSetAttributeForDevice` for CUDA 12.8, 13.0, 13.1, 13.5 (sync).

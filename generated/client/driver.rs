@@ -4823,30 +4823,98 @@ pub unsafe extern "C" fn __chidori_driver_cuInit(Flags: u32) -> u32 {
             as u32
     }
 }
-///`cuIpcCloseMemHandle` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
+///`cuIpcCloseMemHandle` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuIpcCloseMemHandle(dptr: u64) -> u32 {
     unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuIpcCloseMemHandle",
+                version: "13.5",
+                library: "driver",
+                forms: &[&chidori_cuda::calls::driver::cuIpcCloseMemHandle__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::ipc::close_memory_raw(&CTX, &[(dptr) as u64])
+        }) as u32
+    }
+}
+///`cuIpcGetEventHandle` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuIpcGetEventHandle(
+    pHandle: *mut c_void,
+    event: *mut c_void,
+) -> u32 {
+    unsafe {
         crate::runtime::call(
-            &chidori_cuda::calls::driver::cuIpcCloseMemHandle,
-            &[(dptr) as u64],
+            &chidori_cuda::calls::driver::cuIpcGetEventHandle,
+            &[(pHandle) as usize as u64, (event) as usize as u64],
         ) as u32
     }
 }
-///`cuIpcOpenEventHandle` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
+///`cuIpcGetMemHandle` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuIpcGetMemHandle(
+    pHandle: *mut c_void,
+    dptr: u64,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuIpcGetMemHandle",
+                version: "13.5",
+                library: "driver",
+                forms: &[&chidori_cuda::calls::driver::cuIpcGetMemHandle__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::ipc::get_memory_handle_raw(
+                &CTX,
+                &[(pHandle) as usize as u64, (dptr) as u64],
+            )
+        }) as u32
+    }
+}
+///`cuIpcOpenEventHandle` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuIpcOpenEventHandle(
     phEvent: *mut c_void,
     handle: chidori_cuda::types::CUipcEventHandle_st,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuIpcOpenEventHandle,
-            &[(phEvent) as usize as u64, &(handle) as *const _ as usize as u64],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuIpcOpenEventHandle",
+                version: "13.5",
+                library: "driver",
+                forms: &[&chidori_cuda::calls::driver::cuIpcOpenEventHandle__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::ipc::open_event_raw(
+                &CTX,
+                &[(phEvent) as usize as u64, &(handle) as *const _ as usize as u64],
+            )
+        }) as u32
     }
 }
-///`cuIpcOpenMemHandle` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
+///`cuIpcOpenMemHandle` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuIpcOpenMemHandle(
     pdptr: *mut c_void,
@@ -4854,17 +4922,32 @@ pub unsafe extern "C" fn __chidori_driver_cuIpcOpenMemHandle(
     Flags: u32,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuIpcOpenMemHandle,
-            &[
-                (pdptr) as usize as u64,
-                &(handle) as *const _ as usize as u64,
-                (Flags) as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuIpcOpenMemHandle",
+                version: "13.5",
+                library: "driver",
+                forms: &[&chidori_cuda::calls::driver::cuIpcOpenMemHandle__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::ipc::open_memory_raw(
+                &CTX,
+                &[
+                    (pdptr) as usize as u64,
+                    &(handle) as *const _ as usize as u64,
+                    (Flags) as u64,
+                ],
+            )
+        }) as u32
     }
 }
-///`cuIpcOpenMemHandle_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
+///`cuIpcOpenMemHandle_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuIpcOpenMemHandle_v2(
     pdptr: *mut c_void,
@@ -4872,14 +4955,29 @@ pub unsafe extern "C" fn __chidori_driver_cuIpcOpenMemHandle_v2(
     Flags: u32,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuIpcOpenMemHandle_v2,
-            &[
-                (pdptr) as usize as u64,
-                &(handle) as *const _ as usize as u64,
-                (Flags) as u64,
-            ],
-        ) as u32
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuIpcOpenMemHandle_v2",
+                version: "13.5",
+                library: "driver",
+                forms: &[&chidori_cuda::calls::driver::cuIpcOpenMemHandle_v2__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::ipc::open_memory_raw(
+                &CTX,
+                &[
+                    (pdptr) as usize as u64,
+                    &(handle) as *const _ as usize as u64,
+                    (Flags) as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cuKernelGetAttribute` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).

@@ -785,6 +785,12 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuIpcCloseMemHandle" => {
             Some(driver::__chidori_driver_cuIpcCloseMemHandle as *const c_void)
         }
+        "cuIpcGetEventHandle" => {
+            Some(driver::__chidori_driver_cuIpcGetEventHandle as *const c_void)
+        }
+        "cuIpcGetMemHandle" => {
+            Some(driver::__chidori_driver_cuIpcGetMemHandle as *const c_void)
+        }
         "cuIpcOpenEventHandle" => {
             Some(driver::__chidori_driver_cuIpcOpenEventHandle as *const c_void)
         }

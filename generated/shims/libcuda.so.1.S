@@ -1419,18 +1419,12 @@ cuIpcCloseMemHandle:
     .globl cuIpcGetEventHandle
     .type cuIpcGetEventHandle, @function
 cuIpcGetEventHandle:
-    leaq .Lname30(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuIpcGetEventHandle@PLT
     .size cuIpcGetEventHandle, .-cuIpcGetEventHandle
     .globl cuIpcGetMemHandle
     .type cuIpcGetMemHandle, @function
 cuIpcGetMemHandle:
-    leaq .Lname31(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuIpcGetMemHandle@PLT
     .size cuIpcGetMemHandle, .-cuIpcGetMemHandle
     .globl cuIpcOpenEventHandle
     .type cuIpcOpenEventHandle, @function
@@ -1500,7 +1494,7 @@ cuLaunchCooperativeKernel:
     .globl cuLaunchCooperativeKernelMultiDevice
     .type cuLaunchCooperativeKernelMultiDevice, @function
 cuLaunchCooperativeKernelMultiDevice:
-    leaq .Lname32(%rip), %rdi
+    leaq .Lname30(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1593,7 +1587,7 @@ cuLibraryGetModule:
     .globl cuLibraryGetUnifiedFunction
     .type cuLibraryGetUnifiedFunction, @function
 cuLibraryGetUnifiedFunction:
-    leaq .Lname33(%rip), %rdi
+    leaq .Lname31(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1661,7 +1655,7 @@ cuLogicalEndpointAddDevice:
     .globl cuLogicalEndpointBindAddr
     .type cuLogicalEndpointBindAddr, @function
 cuLogicalEndpointBindAddr:
-    leaq .Lname34(%rip), %rdi
+    leaq .Lname32(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1684,7 +1678,7 @@ cuLogicalEndpointDestroy:
     .globl cuLogicalEndpointExport
     .type cuLogicalEndpointExport, @function
 cuLogicalEndpointExport:
-    leaq .Lname35(%rip), %rdi
+    leaq .Lname33(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1692,7 +1686,7 @@ cuLogicalEndpointExport:
     .globl cuLogicalEndpointGetLimits
     .type cuLogicalEndpointGetLimits, @function
 cuLogicalEndpointGetLimits:
-    leaq .Lname36(%rip), %rdi
+    leaq .Lname34(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1705,7 +1699,7 @@ cuLogicalEndpointIdRelease:
     .globl cuLogicalEndpointIdReserve
     .type cuLogicalEndpointIdReserve, @function
 cuLogicalEndpointIdReserve:
-    leaq .Lname37(%rip), %rdi
+    leaq .Lname35(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1713,7 +1707,7 @@ cuLogicalEndpointIdReserve:
     .globl cuLogicalEndpointImport
     .type cuLogicalEndpointImport, @function
 cuLogicalEndpointImport:
-    leaq .Lname38(%rip), %rdi
+    leaq .Lname36(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1721,7 +1715,7 @@ cuLogicalEndpointImport:
     .globl cuLogicalEndpointQuery
     .type cuLogicalEndpointQuery, @function
 cuLogicalEndpointQuery:
-    leaq .Lname39(%rip), %rdi
+    leaq .Lname37(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1739,7 +1733,7 @@ cuLogsCurrent:
     .globl cuLogsDumpToFile
     .type cuLogsDumpToFile, @function
 cuLogsDumpToFile:
-    leaq .Lname40(%rip), %rdi
+    leaq .Lname38(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1752,7 +1746,7 @@ cuLogsDumpToMemory:
     .globl cuLogsRegisterCallback
     .type cuLogsRegisterCallback, @function
 cuLogsRegisterCallback:
-    leaq .Lname41(%rip), %rdi
+    leaq .Lname39(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1785,7 +1779,7 @@ cuMemAdvise_v2:
     .globl cuMemAlloc
     .type cuMemAlloc, @function
 cuMemAlloc:
-    leaq .Lname42(%rip), %rdi
+    leaq .Lname40(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1828,7 +1822,7 @@ cuMemAllocManaged:
     .globl cuMemAllocPitch
     .type cuMemAllocPitch, @function
 cuMemAllocPitch:
-    leaq .Lname43(%rip), %rdi
+    leaq .Lname41(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1881,7 +1875,7 @@ cuMemDiscardBatchAsync_ptsz:
     .globl cuMemExportToShareableHandle
     .type cuMemExportToShareableHandle, @function
 cuMemExportToShareableHandle:
-    leaq .Lname44(%rip), %rdi
+    leaq .Lname42(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1919,7 +1913,7 @@ cuMemGetAccess:
     .globl cuMemGetAddressRange
     .type cuMemGetAddressRange, @function
 cuMemGetAddressRange:
-    leaq .Lname45(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1947,7 +1941,7 @@ cuMemGetDefaultMemPool:
     .globl cuMemGetHandleForAddressRange
     .type cuMemGetHandleForAddressRange, @function
 cuMemGetHandleForAddressRange:
-    leaq .Lname46(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1965,7 +1959,7 @@ cuMemGetInfo_v2:
     .globl cuMemGetLocationInfo
     .type cuMemGetLocationInfo, @function
 cuMemGetLocationInfo:
-    leaq .Lname47(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1983,7 +1977,7 @@ cuMemHostAlloc:
     .globl cuMemHostGetDevicePointer
     .type cuMemHostGetDevicePointer, @function
 cuMemHostGetDevicePointer:
-    leaq .Lname48(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2016,7 +2010,7 @@ cuMemHostUnregister:
     .globl cuMemImportFromShareableHandle
     .type cuMemImportFromShareableHandle, @function
 cuMemImportFromShareableHandle:
-    leaq .Lname49(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2049,7 +2043,7 @@ cuMemPoolDestroy:
     .globl cuMemPoolExportPointer
     .type cuMemPoolExportPointer, @function
 cuMemPoolExportPointer:
-    leaq .Lname50(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2057,7 +2051,7 @@ cuMemPoolExportPointer:
     .globl cuMemPoolExportToShareableHandle
     .type cuMemPoolExportToShareableHandle, @function
 cuMemPoolExportToShareableHandle:
-    leaq .Lname51(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2075,7 +2069,7 @@ cuMemPoolGetAttribute:
     .globl cuMemPoolImportFromShareableHandle
     .type cuMemPoolImportFromShareableHandle, @function
 cuMemPoolImportFromShareableHandle:
-    leaq .Lname52(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2083,7 +2077,7 @@ cuMemPoolImportFromShareableHandle:
     .globl cuMemPoolImportPointer
     .type cuMemPoolImportPointer, @function
 cuMemPoolImportPointer:
-    leaq .Lname53(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2176,7 +2170,7 @@ cuMemcpy:
     .globl cuMemcpy2D
     .type cuMemcpy2D, @function
 cuMemcpy2D:
-    leaq .Lname54(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2184,7 +2178,7 @@ cuMemcpy2D:
     .globl cuMemcpy2DAsync
     .type cuMemcpy2DAsync, @function
 cuMemcpy2DAsync:
-    leaq .Lname55(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2202,7 +2196,7 @@ cuMemcpy2DAsync_v2_ptsz:
     .globl cuMemcpy2DUnaligned
     .type cuMemcpy2DUnaligned, @function
 cuMemcpy2DUnaligned:
-    leaq .Lname56(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2230,7 +2224,7 @@ cuMemcpy2D_v2_ptds:
     .globl cuMemcpy3D
     .type cuMemcpy3D, @function
 cuMemcpy3D:
-    leaq .Lname57(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2238,7 +2232,7 @@ cuMemcpy3D:
     .globl cuMemcpy3DAsync
     .type cuMemcpy3DAsync, @function
 cuMemcpy3DAsync:
-    leaq .Lname58(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2451,7 +2445,7 @@ cuMemcpyDtoD_v2_ptds:
     .globl cuMemcpyDtoH
     .type cuMemcpyDtoH, @function
 cuMemcpyDtoH:
-    leaq .Lname59(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2459,7 +2453,7 @@ cuMemcpyDtoH:
     .globl cuMemcpyDtoHAsync
     .type cuMemcpyDtoHAsync, @function
 cuMemcpyDtoHAsync:
-    leaq .Lname60(%rip), %rdi
+    leaq .Lname58(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2517,7 +2511,7 @@ cuMemcpyHtoA_v2_ptds:
     .globl cuMemcpyHtoD
     .type cuMemcpyHtoD, @function
 cuMemcpyHtoD:
-    leaq .Lname61(%rip), %rdi
+    leaq .Lname59(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2525,7 +2519,7 @@ cuMemcpyHtoD:
     .globl cuMemcpyHtoDAsync
     .type cuMemcpyHtoDAsync, @function
 cuMemcpyHtoDAsync:
-    leaq .Lname62(%rip), %rdi
+    leaq .Lname60(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2953,7 +2947,7 @@ cuProfilerStop:
     .globl cuSignalExternalSemaphoresAsync
     .type cuSignalExternalSemaphoresAsync, @function
 cuSignalExternalSemaphoresAsync:
-    leaq .Lname63(%rip), %rdi
+    leaq .Lname61(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2961,7 +2955,7 @@ cuSignalExternalSemaphoresAsync:
     .globl cuSignalExternalSemaphoresAsync_ptsz
     .type cuSignalExternalSemaphoresAsync_ptsz, @function
 cuSignalExternalSemaphoresAsync_ptsz:
-    leaq .Lname64(%rip), %rdi
+    leaq .Lname62(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3014,7 +3008,7 @@ cuStreamBeginCapture:
     .globl cuStreamBeginCaptureToCig
     .type cuStreamBeginCaptureToCig, @function
 cuStreamBeginCaptureToCig:
-    leaq .Lname65(%rip), %rdi
+    leaq .Lname63(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3022,7 +3016,7 @@ cuStreamBeginCaptureToCig:
     .globl cuStreamBeginCaptureToCig_ptsz
     .type cuStreamBeginCaptureToCig_ptsz, @function
 cuStreamBeginCaptureToCig_ptsz:
-    leaq .Lname66(%rip), %rdi
+    leaq .Lname64(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3055,7 +3049,7 @@ cuStreamBeginCapture_v2_ptsz:
     .globl cuStreamBeginRecaptureToGraph
     .type cuStreamBeginRecaptureToGraph, @function
 cuStreamBeginRecaptureToGraph:
-    leaq .Lname67(%rip), %rdi
+    leaq .Lname65(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3063,7 +3057,7 @@ cuStreamBeginRecaptureToGraph:
     .globl cuStreamBeginRecaptureToGraph_ptsz
     .type cuStreamBeginRecaptureToGraph_ptsz, @function
 cuStreamBeginRecaptureToGraph_ptsz:
-    leaq .Lname68(%rip), %rdi
+    leaq .Lname66(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3636,7 +3630,7 @@ cuUserObjectRetain:
     .globl cuWaitExternalSemaphoresAsync
     .type cuWaitExternalSemaphoresAsync, @function
 cuWaitExternalSemaphoresAsync:
-    leaq .Lname69(%rip), %rdi
+    leaq .Lname67(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3644,7 +3638,7 @@ cuWaitExternalSemaphoresAsync:
     .globl cuWaitExternalSemaphoresAsync_ptsz
     .type cuWaitExternalSemaphoresAsync_ptsz, @function
 cuWaitExternalSemaphoresAsync_ptsz:
-    leaq .Lname70(%rip), %rdi
+    leaq .Lname68(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3723,85 +3717,81 @@ dlopen:
 .Lname29:
     .asciz "cuImportExternalSemaphore"
 .Lname30:
-    .asciz "cuIpcGetEventHandle"
-.Lname31:
-    .asciz "cuIpcGetMemHandle"
-.Lname32:
     .asciz "cuLaunchCooperativeKernelMultiDevice"
-.Lname33:
+.Lname31:
     .asciz "cuLibraryGetUnifiedFunction"
-.Lname34:
+.Lname32:
     .asciz "cuLogicalEndpointBindAddr"
-.Lname35:
+.Lname33:
     .asciz "cuLogicalEndpointExport"
-.Lname36:
+.Lname34:
     .asciz "cuLogicalEndpointGetLimits"
-.Lname37:
+.Lname35:
     .asciz "cuLogicalEndpointIdReserve"
-.Lname38:
+.Lname36:
     .asciz "cuLogicalEndpointImport"
-.Lname39:
+.Lname37:
     .asciz "cuLogicalEndpointQuery"
-.Lname40:
+.Lname38:
     .asciz "cuLogsDumpToFile"
-.Lname41:
+.Lname39:
     .asciz "cuLogsRegisterCallback"
-.Lname42:
+.Lname40:
     .asciz "cuMemAlloc"
-.Lname43:
+.Lname41:
     .asciz "cuMemAllocPitch"
-.Lname44:
+.Lname42:
     .asciz "cuMemExportToShareableHandle"
-.Lname45:
+.Lname43:
     .asciz "cuMemGetAddressRange"
-.Lname46:
+.Lname44:
     .asciz "cuMemGetHandleForAddressRange"
-.Lname47:
+.Lname45:
     .asciz "cuMemGetLocationInfo"
-.Lname48:
+.Lname46:
     .asciz "cuMemHostGetDevicePointer"
-.Lname49:
+.Lname47:
     .asciz "cuMemImportFromShareableHandle"
-.Lname50:
+.Lname48:
     .asciz "cuMemPoolExportPointer"
-.Lname51:
+.Lname49:
     .asciz "cuMemPoolExportToShareableHandle"
-.Lname52:
+.Lname50:
     .asciz "cuMemPoolImportFromShareableHandle"
-.Lname53:
+.Lname51:
     .asciz "cuMemPoolImportPointer"
-.Lname54:
+.Lname52:
     .asciz "cuMemcpy2D"
-.Lname55:
+.Lname53:
     .asciz "cuMemcpy2DAsync"
-.Lname56:
+.Lname54:
     .asciz "cuMemcpy2DUnaligned"
-.Lname57:
+.Lname55:
     .asciz "cuMemcpy3D"
-.Lname58:
+.Lname56:
     .asciz "cuMemcpy3DAsync"
-.Lname59:
+.Lname57:
     .asciz "cuMemcpyDtoH"
-.Lname60:
+.Lname58:
     .asciz "cuMemcpyDtoHAsync"
-.Lname61:
+.Lname59:
     .asciz "cuMemcpyHtoD"
-.Lname62:
+.Lname60:
     .asciz "cuMemcpyHtoDAsync"
-.Lname63:
+.Lname61:
     .asciz "cuSignalExternalSemaphoresAsync"
-.Lname64:
+.Lname62:
     .asciz "cuSignalExternalSemaphoresAsync_ptsz"
-.Lname65:
+.Lname63:
     .asciz "cuStreamBeginCaptureToCig"
-.Lname66:
+.Lname64:
     .asciz "cuStreamBeginCaptureToCig_ptsz"
-.Lname67:
+.Lname65:
     .asciz "cuStreamBeginRecaptureToGraph"
-.Lname68:
+.Lname66:
     .asciz "cuStreamBeginRecaptureToGraph_ptsz"
-.Lname69:
+.Lname67:
     .asciz "cuWaitExternalSemaphoresAsync"
-.Lname70:
+.Lname68:
     .asciz "cuWaitExternalSemaphoresAsync_ptsz"
     .section .note.GNU-stack,"",@progbits

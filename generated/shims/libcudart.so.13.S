@@ -1391,26 +1391,17 @@ cudaInitDevice:
     .globl cudaIpcCloseMemHandle
     .type cudaIpcCloseMemHandle, @function
 cudaIpcCloseMemHandle:
-    leaq .Lname44(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaIpcCloseMemHandle@PLT
     .size cudaIpcCloseMemHandle, .-cudaIpcCloseMemHandle
     .globl cudaIpcGetEventHandle
     .type cudaIpcGetEventHandle, @function
 cudaIpcGetEventHandle:
-    leaq .Lname45(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaIpcGetEventHandle@PLT
     .size cudaIpcGetEventHandle, .-cudaIpcGetEventHandle
     .globl cudaIpcGetMemHandle
     .type cudaIpcGetMemHandle, @function
 cudaIpcGetMemHandle:
-    leaq .Lname46(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaIpcGetMemHandle@PLT
     .size cudaIpcGetMemHandle, .-cudaIpcGetMemHandle
     .globl cudaIpcOpenEventHandle
     .type cudaIpcOpenEventHandle, @function
@@ -1420,10 +1411,7 @@ cudaIpcOpenEventHandle:
     .globl cudaIpcOpenMemHandle
     .type cudaIpcOpenMemHandle, @function
 cudaIpcOpenMemHandle:
-    leaq .Lname47(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaIpcOpenMemHandle@PLT
     .size cudaIpcOpenMemHandle, .-cudaIpcOpenMemHandle
     .globl cudaKernelSetAttributeForDevice
     .type cudaKernelSetAttributeForDevice, @function
@@ -1508,7 +1496,7 @@ cudaLibraryGetManaged:
     .globl cudaLibraryGetUnifiedFunction
     .type cudaLibraryGetUnifiedFunction, @function
 cudaLibraryGetUnifiedFunction:
-    leaq .Lname48(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1536,7 +1524,7 @@ cudaLogsCurrent:
     .globl cudaLogsDumpToFile
     .type cudaLogsDumpToFile, @function
 cudaLogsDumpToFile:
-    leaq .Lname49(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1549,7 +1537,7 @@ cudaLogsDumpToMemory:
     .globl cudaLogsRegisterCallback
     .type cudaLogsRegisterCallback, @function
 cudaLogsRegisterCallback:
-    leaq .Lname50(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1657,7 +1645,7 @@ cudaMemGetInfo:
     .globl cudaMemGetLocationInfo
     .type cudaMemGetLocationInfo, @function
 cudaMemGetLocationInfo:
-    leaq .Lname51(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1680,7 +1668,7 @@ cudaMemPoolDestroy:
     .globl cudaMemPoolExportPointer
     .type cudaMemPoolExportPointer, @function
 cudaMemPoolExportPointer:
-    leaq .Lname52(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1688,7 +1676,7 @@ cudaMemPoolExportPointer:
     .globl cudaMemPoolExportToShareableHandle
     .type cudaMemPoolExportToShareableHandle, @function
 cudaMemPoolExportToShareableHandle:
-    leaq .Lname53(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1706,7 +1694,7 @@ cudaMemPoolGetAttribute:
     .globl cudaMemPoolImportFromShareableHandle
     .type cudaMemPoolImportFromShareableHandle, @function
 cudaMemPoolImportFromShareableHandle:
-    leaq .Lname54(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1714,7 +1702,7 @@ cudaMemPoolImportFromShareableHandle:
     .globl cudaMemPoolImportPointer
     .type cudaMemPoolImportPointer, @function
 cudaMemPoolImportPointer:
-    leaq .Lname55(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2177,7 +2165,7 @@ cudaSetValidDevices:
     .globl cudaSignalExternalSemaphoresAsync
     .type cudaSignalExternalSemaphoresAsync, @function
 cudaSignalExternalSemaphoresAsync:
-    leaq .Lname56(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2185,7 +2173,7 @@ cudaSignalExternalSemaphoresAsync:
     .globl cudaSignalExternalSemaphoresAsync_ptsz
     .type cudaSignalExternalSemaphoresAsync_ptsz, @function
 cudaSignalExternalSemaphoresAsync_ptsz:
-    leaq .Lname57(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2233,7 +2221,7 @@ cudaStreamBeginCapture_ptsz:
     .globl cudaStreamBeginRecaptureToGraph
     .type cudaStreamBeginRecaptureToGraph, @function
 cudaStreamBeginRecaptureToGraph:
-    leaq .Lname58(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2241,7 +2229,7 @@ cudaStreamBeginRecaptureToGraph:
     .globl cudaStreamBeginRecaptureToGraph_ptsz
     .type cudaStreamBeginRecaptureToGraph_ptsz, @function
 cudaStreamBeginRecaptureToGraph_ptsz:
-    leaq .Lname59(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2419,7 +2407,7 @@ cudaStreamWaitEvent_ptsz:
     .globl cudaSubgridCreate
     .type cudaSubgridCreate, @function
 cudaSubgridCreate:
-    leaq .Lname60(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2427,7 +2415,7 @@ cudaSubgridCreate:
     .globl cudaSubgridWorkerGridCreate
     .type cudaSubgridWorkerGridCreate, @function
 cudaSubgridWorkerGridCreate:
-    leaq .Lname61(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2435,7 +2423,7 @@ cudaSubgridWorkerGridCreate:
     .globl cudaSubgridWorksetCreate
     .type cudaSubgridWorksetCreate, @function
 cudaSubgridWorksetCreate:
-    leaq .Lname62(%rip), %rdi
+    leaq .Lname58(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2463,7 +2451,7 @@ cudaUserObjectRetain:
     .globl cudaVDPAUGetDevice
     .type cudaVDPAUGetDevice, @function
 cudaVDPAUGetDevice:
-    leaq .Lname63(%rip), %rdi
+    leaq .Lname59(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2471,7 +2459,7 @@ cudaVDPAUGetDevice:
     .globl cudaVDPAUSetVDPAUDevice
     .type cudaVDPAUSetVDPAUDevice, @function
 cudaVDPAUSetVDPAUDevice:
-    leaq .Lname64(%rip), %rdi
+    leaq .Lname60(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2479,7 +2467,7 @@ cudaVDPAUSetVDPAUDevice:
     .globl cudaWaitExternalSemaphoresAsync
     .type cudaWaitExternalSemaphoresAsync, @function
 cudaWaitExternalSemaphoresAsync:
-    leaq .Lname65(%rip), %rdi
+    leaq .Lname61(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2487,7 +2475,7 @@ cudaWaitExternalSemaphoresAsync:
     .globl cudaWaitExternalSemaphoresAsync_ptsz
     .type cudaWaitExternalSemaphoresAsync_ptsz, @function
 cudaWaitExternalSemaphoresAsync_ptsz:
-    leaq .Lname66(%rip), %rdi
+    leaq .Lname62(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2582,49 +2570,41 @@ cudaWaitExternalSemaphoresAsync_ptsz:
 .Lname43:
     .asciz "cudaImportExternalSemaphore"
 .Lname44:
-    .asciz "cudaIpcCloseMemHandle"
-.Lname45:
-    .asciz "cudaIpcGetEventHandle"
-.Lname46:
-    .asciz "cudaIpcGetMemHandle"
-.Lname47:
-    .asciz "cudaIpcOpenMemHandle"
-.Lname48:
     .asciz "cudaLibraryGetUnifiedFunction"
-.Lname49:
+.Lname45:
     .asciz "cudaLogsDumpToFile"
-.Lname50:
+.Lname46:
     .asciz "cudaLogsRegisterCallback"
-.Lname51:
+.Lname47:
     .asciz "cudaMemGetLocationInfo"
-.Lname52:
+.Lname48:
     .asciz "cudaMemPoolExportPointer"
-.Lname53:
+.Lname49:
     .asciz "cudaMemPoolExportToShareableHandle"
-.Lname54:
+.Lname50:
     .asciz "cudaMemPoolImportFromShareableHandle"
-.Lname55:
+.Lname51:
     .asciz "cudaMemPoolImportPointer"
-.Lname56:
+.Lname52:
     .asciz "cudaSignalExternalSemaphoresAsync"
-.Lname57:
+.Lname53:
     .asciz "cudaSignalExternalSemaphoresAsync_ptsz"
-.Lname58:
+.Lname54:
     .asciz "cudaStreamBeginRecaptureToGraph"
-.Lname59:
+.Lname55:
     .asciz "cudaStreamBeginRecaptureToGraph_ptsz"
-.Lname60:
+.Lname56:
     .asciz "cudaSubgridCreate"
-.Lname61:
+.Lname57:
     .asciz "cudaSubgridWorkerGridCreate"
-.Lname62:
+.Lname58:
     .asciz "cudaSubgridWorksetCreate"
-.Lname63:
+.Lname59:
     .asciz "cudaVDPAUGetDevice"
-.Lname64:
+.Lname60:
     .asciz "cudaVDPAUSetVDPAUDevice"
-.Lname65:
+.Lname61:
     .asciz "cudaWaitExternalSemaphoresAsync"
-.Lname66:
+.Lname62:
     .asciz "cudaWaitExternalSemaphoresAsync_ptsz"
     .section .note.GNU-stack,"",@progbits

@@ -85,11 +85,17 @@ const WINDOW_GRANULARITY: u64 = 2 << 20;
 pub struct Emulated {
     profile: Profile,
     state: Mutex<State>,
+    /// This backend's number among the process's (from 0): part of the names of the memory it
+    /// shares, so that two backends of one process (tests) never name theirs alike.
+    instance: u64,
 }
 
 #[derive(Default)]
 struct State {
     allocations: BTreeMap<u64, Vec<u8>>,
+    /// Device memory shared by CUDA IPC, by device address: allocations this worker exported
+    /// (their bytes moved here from `allocations`) and handles it opened.
+    shared: BTreeMap<u64, SharedRegion>,
     /// Host memory of the worker the GPU may address (map_host): base → length.
     mapped: BTreeMap<u64, u64>,
     /// Graphs, made by capture or call by call, and their executable instances.
@@ -172,19 +178,192 @@ impl State {
                 return all.get_mut(offset as usize..(offset + len) as usize);
             }
         }
-        let (base, buf) = self.allocations.range_mut(..=addr).next_back()?;
-        let offset = addr - *base;
-        let end = offset.checked_add(len)?;
-        if end > buf.len() as u64 {
+        /// The `len` bytes at `addr` of `bytes`, which start at `base`.
+        fn within(bytes: &mut [u8], base: u64, addr: u64, len: u64) -> Option<&mut [u8]> {
+            let offset = addr - base;
+            let end = offset.checked_add(len)?;
+            if end > bytes.len() as u64 {
+                return None;
+            }
+            bytes.get_mut(offset as usize..end as usize)
+        }
+        let allocated = self.allocations.range_mut(..=addr).next_back().and_then(|(&b, buf)| within(buf, b, addr, len));
+        if allocated.is_some() {
+            return allocated;
+        }
+        let (&base, region) = self.shared.range_mut(..=addr).next_back()?;
+        within(region.bytes(), base, addr, len)
+    }
+
+    /// The base and length of the allocation or shared memory that `addr` lies in.
+    fn range_of(&self, addr: u64) -> Option<(u64, u64)> {
+        let allocated = self.allocations.range(..=addr).next_back().map(|(&base, buf)| (base, buf.len() as u64));
+        let shared = self.shared.range(..=addr).next_back().map(|(&base, region)| (base, region.len));
+        [allocated, shared].into_iter().flatten().find(|&(base, len)| addr - base < len)
+    }
+}
+
+/// Where the names of shared device memory start (`shm_open`'s, and so the handles').
+const SHARED_PREFIX: &str = "/chidori-emu-";
+/// Where the emulation's IPC event handles start.
+const EVENT_PREFIX: &str = "ev-";
+
+/// Device memory shared with another process by CUDA IPC: a POSIX shared memory object
+/// mapped into this worker. An exported allocation's bytes move into one this worker makes
+/// (`owner`), which it removes when the memory is freed or the backend goes; an opened handle
+/// maps the exporting worker's object at an address of this emulation.
+struct SharedRegion {
+    /// The mapping's address (a number: a raw pointer would keep the state from being Send).
+    ptr: usize,
+    len: u64,
+    /// The shared memory object's name, as `shm_open` takes it.
+    name: String,
+    owner: bool,
+    /// How many opens of the handle are not yet closed (0 for the owner's region): CUDA
+    /// counts them, and unmaps the memory on the last close.
+    opens: u32,
+}
+
+impl SharedRegion {
+    /// Makes the shared memory object `name`, of the length of `bytes`, with `bytes` in it.
+    /// An object left by a process that had this one's id before (it never freed the memory
+    /// it exported) is replaced.
+    fn create(name: &str, bytes: &[u8]) -> Result<SharedRegion, u64> {
+        let c_name = std::ffi::CString::new(name).map_err(|_| INVALID_VALUE)?;
+        let len = bytes.len();
+        let size = libc::off_t::try_from(len).map_err(|_| OUT_OF_MEMORY)?;
+        if len == 0 {
+            return Err(INVALID_VALUE);
+        }
+        let open = || {
+            // SAFETY: a NUL-terminated name; the call only makes a file under /dev/shm.
+            unsafe { libc::shm_open(c_name.as_ptr(), libc::O_CREAT | libc::O_RDWR | libc::O_EXCL, 0o600) }
+        };
+        let mut fd = open();
+        if fd < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EEXIST) {
+            // SAFETY: as above; the name is this process's own, so the object is stale.
+            unsafe { libc::shm_unlink(c_name.as_ptr()) };
+            fd = open();
+        }
+        if fd < 0 {
+            return Err(OUT_OF_MEMORY);
+        }
+        // Space reserved now (not only a size set), so that no write through the mapping can
+        // find tmpfs full: that would be SIGBUS, not an error.
+        // SAFETY: `fd` is the object just opened read-write.
+        let ptr = if unsafe { libc::posix_fallocate(fd, 0, size) } == 0 {
+            // SAFETY: as above, now `len` bytes long; `map` closes `fd`.
+            unsafe { map(fd, len) }
+        } else {
+            // SAFETY: as above.
+            unsafe { close(fd) }
+        };
+        let Some(ptr) = ptr else {
+            // SAFETY: the name of the object made above.
+            unsafe { libc::shm_unlink(c_name.as_ptr()) };
+            return Err(OUT_OF_MEMORY);
+        };
+        let mut region = SharedRegion { ptr, len: len as u64, name: name.to_owned(), owner: true, opens: 0 };
+        region.bytes().copy_from_slice(bytes);
+        Ok(region)
+    }
+
+    /// Maps the shared memory object `name` that another process made.
+    fn open(name: &str) -> Option<SharedRegion> {
+        let c_name = std::ffi::CString::new(name).ok()?;
+        // SAFETY: a NUL-terminated name.
+        let fd = unsafe { libc::shm_open(c_name.as_ptr(), libc::O_RDWR, 0) };
+        if fd < 0 {
             return None;
         }
-        buf.get_mut(offset as usize..end as usize)
+        // SAFETY: a zeroed `stat` is a valid value for fstat to overwrite.
+        let mut stat: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: `fd` is open; `stat` is ours.
+        let size = if unsafe { libc::fstat(fd, &mut stat) } == 0 { stat.st_size } else { 0 };
+        let Some(len) = usize::try_from(size).ok().filter(|&len| len > 0) else {
+            // SAFETY: `fd` is open.
+            return unsafe { close(fd) };
+        };
+        // SAFETY: `fd` is the object opened read-write above; `map` closes it.
+        let ptr = unsafe { map(fd, len) }?;
+        Some(SharedRegion { ptr, len: len as u64, name: name.to_owned(), owner: false, opens: 1 })
     }
+
+    fn bytes(&mut self) -> &mut [u8] {
+        // SAFETY: [ptr, ptr + len) is mapped read-write until the region is dropped, which the
+        // borrow of the region prevents while the slice lives. The other process may write the
+        // same bytes meanwhile, as a GPU's other users may: what a read then sees is as
+        // unspecified as it is with CUDA IPC.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr as *mut u8, self.len as usize) }
+    }
+}
+
+impl Drop for SharedRegion {
+    fn drop(&mut self) {
+        // SAFETY: the mapping is this region's own, and no slice of it outlives the region.
+        unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len as usize) };
+        if self.owner
+            && let Ok(name) = std::ffi::CString::new(self.name.as_str())
+        {
+            // SAFETY: a NUL-terminated name, of the object this worker made.
+            unsafe { libc::shm_unlink(name.as_ptr()) };
+        }
+    }
+}
+
+/// Maps `len` bytes of the shared memory object open as `fd`, read-write and shared, and
+/// closes `fd` (None where the mapping failed).
+///
+/// # Safety
+/// `fd` must be an open descriptor of an object of at least `len` bytes that the caller
+/// gives up.
+unsafe fn map(fd: libc::c_int, len: usize) -> Option<usize> {
+    // SAFETY: a new mapping, placed by the kernel, of the caller's descriptor.
+    let ptr =
+        unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0) };
+    // SAFETY: the caller gave `fd` up; the mapping keeps the object.
+    unsafe { close::<()>(fd) };
+    (ptr != libc::MAP_FAILED).then_some(ptr as usize)
+}
+
+/// Closes `fd`; None, for the callers that give up.
+///
+/// # Safety
+/// `fd` must be an open descriptor that the caller gives up.
+unsafe fn close<T>(fd: libc::c_int) -> Option<T> {
+    // SAFETY: per the contract.
+    unsafe { libc::close(fd) };
+    None
+}
+
+/// The name in an IPC handle's 64 bytes: up to the first NUL, starting with `prefix`, the
+/// rest digits, hexadecimal digits and dashes (as this emulation writes them). None for any
+/// other handle.
+fn handle_name(handle: &[u8; 64], prefix: &str) -> Option<String> {
+    let end = handle.iter().position(|&b| b == 0)?;
+    let name = std::str::from_utf8(&handle[..end]).ok()?;
+    let rest = name.strip_prefix(prefix)?;
+    let plain = !rest.is_empty() && rest.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-');
+    plain.then(|| name.to_owned())
+}
+
+/// Writes `name` as a 64-byte IPC handle, zero padded.
+///
+/// # Safety
+/// `out` must be a worker buffer of at least 64 bytes.
+unsafe fn put_handle(out: u64, name: &str) {
+    let mut handle = [0u8; 64];
+    let n = name.len().min(63);
+    handle[..n].copy_from_slice(&name.as_bytes()[..n]);
+    // SAFETY: per the contract.
+    unsafe { std::ptr::copy_nonoverlapping(handle.as_ptr(), out as *mut u8, handle.len()) };
 }
 
 impl Emulated {
     pub fn new(profile: Profile) -> Emulated {
-        Emulated { profile, state: Mutex::new(State { next: DEVICE_BASE, ..State::default() }) }
+        static INSTANCES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let instance = INSTANCES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Emulated { profile, state: Mutex::new(State { next: DEVICE_BASE, ..State::default() }), instance }
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -216,13 +395,105 @@ impl Emulated {
             return SUCCESS;
         }
         let mut s = self.state();
-        match s.allocations.remove(&addr) {
-            Some(buf) => {
-                s.used -= buf.len() as u64;
+        if let Some(buf) = s.allocations.remove(&addr) {
+            s.used -= buf.len() as u64;
+            return SUCCESS;
+        }
+        // Memory this worker exported goes as any allocation (its shared memory object with
+        // it); memory it opened is closed, never freed (CUDA refuses that too).
+        match s.shared.get(&addr) {
+            Some(region) if region.owner => {
+                let len = region.len;
+                s.shared.remove(&addr);
+                s.used -= len;
                 SUCCESS
             }
-            None => INVALID_VALUE,
+            _ => INVALID_VALUE,
         }
+    }
+
+    /// `cudaIpcGetMemHandle`: the allocation at `addr` (its base) moves into shared memory,
+    /// if it is not there already, and `out` gets the handle that names it.
+    ///
+    /// # Safety
+    /// `out` must be a worker buffer of 64 bytes, or 0.
+    unsafe fn ipc_export(&self, out: u64, addr: u64) -> u64 {
+        if out == 0 {
+            return INVALID_VALUE;
+        }
+        let mut s = self.state();
+        let name = match s.shared.get(&addr) {
+            Some(region) if region.owner => region.name.clone(),
+            // Memory opened from another process is not exported again.
+            Some(_) => return INVALID_VALUE,
+            // A mapped piece of a VMM allocation is shared by other means (as natively).
+            None if s.vmm.maps(addr) => return INVALID_VALUE,
+            None => {
+                let Some(bytes) = s.allocations.get(&addr) else { return INVALID_VALUE };
+                let name = format!("{SHARED_PREFIX}{}-{}-{addr:x}", std::process::id(), self.instance);
+                let region = match SharedRegion::create(&name, bytes) {
+                    Ok(region) => region,
+                    Err(status) => return status,
+                };
+                s.allocations.remove(&addr);
+                s.shared.insert(addr, region);
+                name
+            }
+        };
+        // SAFETY: per the contract.
+        unsafe { put_handle(out, &name) };
+        SUCCESS
+    }
+
+    /// `cudaIpcOpenMemHandle`: the memory another process exported as the 64 bytes at
+    /// `handle`, mapped at a new device address (the same one again where this worker has it
+    /// open already), written to `out`.
+    ///
+    /// # Safety
+    /// `out` must be a worker buffer of 8 bytes and `handle` one of 64, or 0.
+    unsafe fn ipc_open(&self, out: u64, handle: u64, flags: u64) -> u64 {
+        // cudaIpcMemLazyEnablePeerAccess is the one flag.
+        if out == 0 || handle == 0 || flags & !1 != 0 {
+            return INVALID_VALUE;
+        }
+        // SAFETY: per the contract.
+        let bytes = unsafe { std::ptr::read_unaligned(handle as *const [u8; 64]) };
+        let Some(name) = handle_name(&bytes, SHARED_PREFIX) else { return INVALID_VALUE };
+        let mut s = self.state();
+        let addr = match s.shared.iter_mut().find(|(_, region)| region.name == name) {
+            // A process cannot open what it exported.
+            Some((_, region)) if region.owner => return INVALID_VALUE,
+            Some((&addr, region)) => {
+                region.opens = region.opens.saturating_add(1);
+                addr
+            }
+            None => {
+                let Some(region) = SharedRegion::open(&name) else { return INVALID_VALUE };
+                let addr = s.next;
+                s.next = addr + region.len.div_ceil(ALIGN) * ALIGN + ALIGN;
+                s.shared.insert(addr, region);
+                addr
+            }
+        };
+        // SAFETY: per the contract.
+        unsafe { put_u64(out, addr) };
+        SUCCESS
+    }
+
+    /// `cudaIpcCloseMemHandle`: one open of the memory at `addr` undone; the last unmaps it.
+    fn ipc_close(&self, addr: u64) -> u64 {
+        let mut s = self.state();
+        let last = match s.shared.get_mut(&addr) {
+            Some(region) if !region.owner => {
+                region.opens = region.opens.saturating_sub(1);
+                region.opens == 0
+            }
+            _ => return INVALID_VALUE,
+        };
+        if last {
+            s.shared.remove(&addr);
+        }
+        SUCCESS
     }
 
     /// Copy `len` bytes; `dst`/`src` are device addresses when the flags say so, else
@@ -536,6 +807,50 @@ impl Backend for Emulated {
                 }
                 ("cudart", "cudaFree" | "cudaFreeAsync") | ("driver", "cuMemFree_v2" | "cuMemFreeAsync") => {
                     self.free(a[0])
+                }
+                // (CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr): either output may be
+                // NULL.
+                ("driver", "cuMemGetAddressRange_v2") => match self.state().range_of(a[2]) {
+                    Some((base, len)) => {
+                        if a[0] != 0 {
+                            put_u64(a[0], base);
+                        }
+                        if a[1] != 0 {
+                            put_u64(a[1], len);
+                        }
+                        SUCCESS
+                    }
+                    None => NOT_FOUND,
+                },
+                // CUDA IPC: memory shared with another worker through POSIX shared memory
+                // (`SharedRegion`). (handle *, devPtr), (devPtr *, handle, flags), (devPtr).
+                ("cudart", "cudaIpcGetMemHandle") | ("driver", "cuIpcGetMemHandle") => self.ipc_export(a[0], a[1]),
+                ("cudart", "cudaIpcOpenMemHandle") | ("driver", "cuIpcOpenMemHandle" | "cuIpcOpenMemHandle_v2") => {
+                    self.ipc_open(a[0], a[1], a[2])
+                }
+                ("cudart", "cudaIpcCloseMemHandle") | ("driver", "cuIpcCloseMemHandle") => self.ipc_close(a[0]),
+                // Events shared with another worker: as every emulated event is complete, the
+                // handle only names the event, and an open makes a new one. (handle *, event),
+                // (event *, handle).
+                ("cudart", "cudaIpcGetEventHandle") | ("driver", "cuIpcGetEventHandle") => {
+                    if a[0] == 0 {
+                        INVALID_VALUE
+                    } else if !self.state().events.contains_key(&a[1]) {
+                        INVALID_HANDLE
+                    } else {
+                        put_handle(a[0], &format!("{EVENT_PREFIX}{}-{:x}", std::process::id(), a[1]));
+                        SUCCESS
+                    }
+                }
+                ("cudart", "cudaIpcOpenEventHandle") | ("driver", "cuIpcOpenEventHandle") => {
+                    let named = a[1] != 0
+                        && handle_name(&std::ptr::read_unaligned(a[1] as *const [u8; 64]), EVENT_PREFIX).is_some();
+                    if a[0] == 0 || !named {
+                        INVALID_VALUE
+                    } else {
+                        put_u64(a[0], self.new_handle(HandleSet::Event));
+                        SUCCESS
+                    }
                 }
                 ("cudart", "cudaMemGetInfo") | ("driver", "cuMemGetInfo_v2") => {
                     let used = self.state().used;
@@ -1770,6 +2085,145 @@ unsafe fn permute_csr(a: &[u64]) -> u64 {
 
 #[cfg(test)]
 mod tests {
+    use chidori_cuda::calls::VARIANTS;
+    use chidori_protocol::desc::CallDesc;
+
+    use super::{Emulated, INVALID_HANDLE, INVALID_VALUE, NOT_FOUND, SUCCESS};
+    use crate::backend::Backend;
+
+    fn variant(name: &str) -> &'static CallDesc {
+        VARIANTS.iter().copied().find(|d| d.name == name && d.versions.contains(&"13.0")).expect(name)
+    }
+
+    /// An emulated backend of the recorded H200, as a worker process has one.
+    fn backend() -> Emulated {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles/nvidia-h200.json");
+        Emulated::new(crate::profile::load(&path).expect("the recorded device profile"))
+    }
+
+    /// `name` called on `backend` with `args` (pointers to the test's locals, or values): its
+    /// status.
+    fn call(backend: &Emulated, name: &str, args: &[u64]) -> u64 {
+        // SAFETY: every pointer among the arguments is a live local of the caller, as large
+        // as the call writes or reads.
+        unsafe { backend.invoke(variant(name), args) }.expect(name)
+    }
+
+    /// Whether a shared memory object of the name in `handle` exists.
+    fn shm_exists(handle: &[u8; 64]) -> bool {
+        let end = handle.iter().position(|&b| b == 0).expect("a NUL-terminated name");
+        let name = std::ffi::CString::new(&handle[..end]).expect("a name");
+        // SAFETY: a NUL-terminated name; the descriptor is closed at once.
+        unsafe {
+            let fd = libc::shm_open(name.as_ptr(), libc::O_RDWR, 0);
+            if fd >= 0 {
+                libc::close(fd);
+            }
+            fd >= 0
+        }
+    }
+
+    /// The base and length cuMemGetAddressRange_v2 answers for `addr`, or its status.
+    fn range(backend: &Emulated, addr: u64) -> Result<(u64, u64), u64> {
+        let (mut base, mut len) = (0u64, 0u64);
+        match call(backend, "cuMemGetAddressRange_v2", &[&raw mut base as u64, &raw mut len as u64, addr]) {
+            SUCCESS => Ok((base, len)),
+            status => Err(status),
+        }
+    }
+
+    #[test]
+    fn memory_and_events_are_shared_between_backends_by_ipc_handles() {
+        let (a, b) = (backend(), backend());
+        let mut p = 0u64;
+        assert_eq!(call(&a, "cudaMalloc", &[&raw mut p as u64, 4096]), SUCCESS);
+        let pattern: Vec<u8> = (0..4096u32).map(|i| (i * 7 % 251) as u8).collect();
+        assert_eq!(call(&a, "cuMemcpyHtoD_v2", &[p, pattern.as_ptr() as u64, 4096]), SUCCESS);
+        assert_eq!(range(&a, p + 10), Ok((p, 4096)));
+
+        // Only an allocation's base is exported; exporting it again names the same memory.
+        let mut handle = [0u8; 64];
+        assert_eq!(call(&a, "cudaIpcGetMemHandle", &[handle.as_mut_ptr() as u64, p + 8]), INVALID_VALUE);
+        assert_eq!(call(&a, "cudaIpcGetMemHandle", &[handle.as_mut_ptr() as u64, p]), SUCCESS);
+        assert!(handle.starts_with(b"/chidori-emu-") && shm_exists(&handle), "{handle:?}");
+        let mut again = [0u8; 64];
+        assert_eq!(call(&a, "cuIpcGetMemHandle", &[again.as_mut_ptr() as u64, p]), SUCCESS);
+        assert_eq!(again, handle);
+        // The exporter still reads and finds its memory where it was.
+        let mut seen = vec![0u8; 4096];
+        assert_eq!(call(&a, "cuMemcpyDtoH_v2", &[seen.as_mut_ptr() as u64, p, 4096]), SUCCESS);
+        assert_eq!(seen, pattern);
+        assert_eq!(range(&a, p + 4095), Ok((p, 4096)));
+        let mut q = 0u64;
+        assert_eq!(call(&a, "cudaIpcOpenMemHandle", &[&raw mut q as u64, handle.as_ptr() as u64, 1]), INVALID_VALUE);
+
+        // The other backend opens it, reads the pattern and writes bytes the exporter sees.
+        assert_eq!(call(&b, "cudaIpcOpenMemHandle", &[&raw mut q as u64, handle.as_ptr() as u64, 1]), SUCCESS);
+        assert_ne!(q, 0);
+        assert_eq!(range(&b, q), Ok((q, 4096)));
+        assert_eq!(range(&b, q + 4095), Ok((q, 4096)));
+        assert_eq!(range(&b, q + 4096), Err(NOT_FOUND));
+        let mut read = vec![0u8; 4096];
+        assert_eq!(call(&b, "cuMemcpyDtoH_v2", &[read.as_mut_ptr() as u64, q, 4096]), SUCCESS);
+        assert_eq!(read, pattern);
+        let news = [0xabu8; 100];
+        assert_eq!(call(&b, "cuMemcpyHtoD_v2", &[q + 100, news.as_ptr() as u64, 100]), SUCCESS);
+        assert_eq!(call(&a, "cuMemcpyDtoH_v2", &[seen.as_mut_ptr() as u64, p, 4096]), SUCCESS);
+        assert_eq!(&seen[100..200], &news[..]);
+        assert_eq!(&seen[..100], &pattern[..100]);
+        assert_eq!(&seen[200..], &pattern[200..]);
+        // Opened memory is closed, not freed, and closed once per open.
+        let mut twice = 0u64;
+        assert_eq!(call(&b, "cuIpcOpenMemHandle_v2", &[&raw mut twice as u64, handle.as_ptr() as u64, 1]), SUCCESS);
+        assert_eq!(twice, q);
+        assert_eq!(call(&b, "cudaFree", &[q]), INVALID_VALUE);
+        assert_eq!(call(&b, "cudaIpcCloseMemHandle", &[q]), SUCCESS);
+        assert_eq!(range(&b, q), Ok((q, 4096)));
+        assert_eq!(call(&b, "cuIpcCloseMemHandle", &[q]), SUCCESS);
+        assert_eq!(range(&b, q), Err(NOT_FOUND));
+        assert_eq!(call(&b, "cudaIpcCloseMemHandle", &[q]), INVALID_VALUE);
+        assert_eq!(call(&a, "cudaIpcCloseMemHandle", &[p]), INVALID_VALUE, "the exporter frees, never closes");
+
+        // Freed by the exporter, the memory and its shared memory object are gone.
+        assert_eq!(call(&a, "cudaFree", &[p]), SUCCESS);
+        assert!(!shm_exists(&handle));
+        assert_eq!(range(&a, p), Err(NOT_FOUND));
+        assert_eq!(call(&b, "cudaIpcOpenMemHandle", &[&raw mut q as u64, handle.as_ptr() as u64, 1]), INVALID_VALUE);
+        let mut foreign = [0u8; 64];
+        foreign[..9].copy_from_slice(b"/dev/null");
+        assert_eq!(call(&b, "cudaIpcOpenMemHandle", &[&raw mut q as u64, foreign.as_ptr() as u64, 1]), INVALID_VALUE);
+
+        // Events: a live one's handle opens as a new event of the other backend.
+        let (mut event, mut opened) = (0u64, 0u64);
+        let mut event_handle = [0u8; 64];
+        assert_eq!(call(&a, "cudaIpcGetEventHandle", &[event_handle.as_mut_ptr() as u64, 77]), INVALID_HANDLE);
+        assert_eq!(call(&a, "cudaEventCreateWithFlags", &[&raw mut event as u64, 6]), SUCCESS);
+        assert_eq!(call(&a, "cudaIpcGetEventHandle", &[event_handle.as_mut_ptr() as u64, event]), SUCCESS);
+        assert!(event_handle.starts_with(b"ev-"), "{event_handle:?}");
+        let open = [&raw mut opened as u64, event_handle.as_ptr() as u64];
+        assert_eq!(call(&b, "cudaIpcOpenEventHandle", &open), SUCCESS);
+        assert_eq!(call(&b, "cudaEventQuery", &[opened]), SUCCESS);
+        assert_eq!(call(&b, "cuIpcOpenEventHandle", &[&raw mut opened as u64, handle.as_ptr() as u64]), INVALID_VALUE);
+    }
+
+    #[test]
+    fn a_backend_that_goes_removes_the_memory_it_shared() {
+        let (a, b) = (backend(), backend());
+        let (mut p, mut q) = (0u64, 0u64);
+        let mut handle = [0u8; 64];
+        assert_eq!(call(&a, "cuMemAlloc_v2", &[&raw mut p as u64, 1000]), SUCCESS);
+        assert_eq!(call(&a, "cuIpcGetMemHandle", &[handle.as_mut_ptr() as u64, p]), SUCCESS);
+        assert_eq!(call(&b, "cuIpcOpenMemHandle_v2", &[&raw mut q as u64, handle.as_ptr() as u64, 1]), SUCCESS);
+        assert_eq!(range(&b, q + 999), Ok((q, 1000)));
+        drop(a);
+        assert!(!shm_exists(&handle));
+        // What the opener mapped stays readable until it closes it.
+        let mut byte = [1u8; 1];
+        assert_eq!(call(&b, "cuMemcpyDtoH_v2", &[byte.as_mut_ptr() as u64, q + 999, 1]), SUCCESS);
+        assert_eq!(byte, [0]);
+        assert_eq!(call(&b, "cuIpcCloseMemHandle", &[q]), SUCCESS);
+    }
+
     #[test]
     fn kernels_are_named_by_the_cubins_text_sections() {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/fatbin/k_multi.fatbin");

@@ -10,7 +10,8 @@
 //! * [`backend`]: what executes calls: [`real`] (the NVIDIA libraries, loaded at run time)
 //!   or [`emulated`] (a recorded device profile and host memory, for tests without a GPU).
 //! * [`memory`]: the session's device memory, against which every device address a call
-//!   passes is checked; [`auth`]: the server's token and TLS identity.
+//!   passes is checked; [`ipc`]: what sessions of one server share by CUDA IPC; [`auth`]:
+//!   the server's token and TLS identity.
 //! * [`mirror`]: host memory at the client's pinned addresses, for kernels handed a
 //!   pointer to the client's pinned memory.
 //! * [`output`]: the worker's standard output (what kernels `printf`), sent to the client
@@ -28,6 +29,7 @@ pub mod fuzz;
 pub mod handles;
 pub mod held;
 pub mod io;
+pub mod ipc;
 pub mod lanes;
 pub mod loader;
 pub mod memory;

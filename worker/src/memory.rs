@@ -5,8 +5,9 @@
 //!
 //! What counts: the results of the allocation calls ([`effect`]: `cudaMalloc*`,
 //! `cuMemAlloc*`, pools, `cuMemAddressReserve` for `cuMemMap`), module globals the session
-//! looked up (`cuModuleGetGlobal`, `cu`/`cudaLibraryGetGlobal`, the runtime's symbols), and the mirrors of the client's
-//! pinned memory (checked by the caller). The quota counts the allocation calls that
+//! looked up (`cuModuleGetGlobal`, `cu`/`cudaLibraryGetGlobal`, the runtime's symbols),
+//! memory another session of the server exported by CUDA IPC and this one opened
+//! ([`crate::ipc`]), and the mirrors of the client's pinned memory (checked by the caller). The quota counts the allocation calls that
 //! return addresses; CUDA arrays (`cudaMallocArray`) are not counted.
 //! Freed ranges stop counting. A per-session quota bounds what the allocation calls may
 //! take.
@@ -17,6 +18,8 @@
 
 use std::collections::BTreeMap;
 
+use crate::ipc::Kind;
+
 /// Where a range came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Origin {
@@ -26,6 +29,9 @@ pub enum Origin {
     Reserved,
     /// A module's global variable.
     Global,
+    /// Memory another session exported, opened through CUDA IPC (not counted: the exporting
+    /// session's quota holds it); closed by `cudaIpcCloseMemHandle`, never freed here.
+    Opened,
 }
 
 #[derive(Debug, Default)]
@@ -78,6 +84,11 @@ impl Memory {
         Some(base + (n >> 32) % len.max(1))
     }
 
+    /// Where the range starting exactly at `base` came from (None: no range starts there).
+    pub fn origin_at(&self, base: u64) -> Option<Origin> {
+        self.ranges.get(&base).map(|&(_, origin)| origin)
+    }
+
     /// Forget the range starting at `base` (a free); its bytes leave the quota.
     pub fn remove(&mut self, base: u64) {
         if let Some((len, origin)) = self.ranges.remove(&base)
@@ -120,7 +131,26 @@ pub enum Effect {
     Free {
         ptr: usize,
     },
-    /// Opens memory of another process: refused (a session sees only its own memory).
+    /// Writes a CUDA IPC handle through output `out` for the session's allocation or event
+    /// named by the next argument: published for the server's other sessions ([`crate::ipc`]).
+    Export {
+        out: usize,
+        kind: Kind,
+    },
+    /// Opens the CUDA IPC handle in by-value argument `handle`, which a session of this
+    /// server exported; memory enters the session as [`Origin::Opened`] (its base written
+    /// through output `out`).
+    Open {
+        out: usize,
+        handle: usize,
+        kind: Kind,
+    },
+    /// Closes the opened memory whose base is argument `ptr`.
+    Close {
+        ptr: usize,
+    },
+    /// Opens memory of another process by a file descriptor or a pool's export: refused (a
+    /// session sees only its own memory and what another session exported by CUDA IPC).
     Foreign,
     None,
 }
@@ -153,12 +183,14 @@ pub fn effect(name: &str) -> Effect {
         "cudaFree" | "cudaFreeAsync" | "cuMemFree" | "cuMemFree_v2" | "cuMemFreeAsync" | "cuMemAddressFree" => {
             Effect::Free { ptr: 0 }
         }
-        "cudaIpcOpenMemHandle"
-        | "cuIpcOpenMemHandle"
-        | "cuIpcOpenMemHandle_v2"
-        | "cuMemImportFromShareableHandle"
-        | "cudaMemPoolImportPointer"
-        | "cuMemPoolImportPointer" => Effect::Foreign,
+        "cudaIpcGetMemHandle" | "cuIpcGetMemHandle" => Effect::Export { out: 0, kind: Kind::Memory },
+        "cudaIpcGetEventHandle" | "cuIpcGetEventHandle" => Effect::Export { out: 0, kind: Kind::Event },
+        "cudaIpcOpenMemHandle" | "cuIpcOpenMemHandle" | "cuIpcOpenMemHandle_v2" => {
+            Effect::Open { out: 0, handle: 1, kind: Kind::Memory }
+        }
+        "cudaIpcOpenEventHandle" | "cuIpcOpenEventHandle" => Effect::Open { out: 0, handle: 1, kind: Kind::Event },
+        "cudaIpcCloseMemHandle" | "cuIpcCloseMemHandle" => Effect::Close { ptr: 0 },
+        "cuMemImportFromShareableHandle" | "cudaMemPoolImportPointer" | "cuMemPoolImportPointer" => Effect::Foreign,
         _ => Effect::None,
     }
 }
@@ -197,7 +229,9 @@ mod tests {
         assert!(matches!(effect("cudaMalloc"), Effect::Alloc { out: 0, size: Size::Param(1), .. }));
         assert!(matches!(effect("cuMemAllocAsync_ptsz"), Effect::Alloc { .. }));
         assert_eq!(effect("cudaFreeAsync"), Effect::Free { ptr: 0 });
-        assert_eq!(effect("cudaIpcOpenMemHandle"), Effect::Foreign);
+        assert_eq!(effect("cudaIpcOpenMemHandle"), Effect::Open { out: 0, handle: 1, kind: Kind::Memory });
+        assert_eq!(effect("cuIpcCloseMemHandle"), Effect::Close { ptr: 0 });
+        assert_eq!(effect("cuMemImportFromShareableHandle"), Effect::Foreign);
         assert_eq!(effect("cudaMemcpy"), Effect::None);
         // The specs' extents, per-thread twins included.
         let extents = |f| chidori_cuda::checks::extents(f).collect::<Vec<_>>();

@@ -57,6 +57,9 @@ pub struct Options {
     pub resume: Option<std::os::unix::net::UnixStream>,
     /// Where large uploads are kept across sessions (None: nowhere).
     pub content: Option<Arc<crate::content::Store>>,
+    /// Where the server's sessions publish the CUDA IPC handles they export (None: this
+    /// session shares nothing).
+    pub ipc_dir: Option<std::path::PathBuf>,
 }
 
 /// A session's share of the content store: the chunks its client may name by hash, and
@@ -114,6 +117,8 @@ struct Session {
     mirrors: Mutex<Mirrors>,
     /// The session's device memory: every device address a call passes must lie in it.
     memory: Mutex<Memory>,
+    /// The CUDA IPC handles this session exported.
+    ipc: crate::ipc::Exports,
     /// Allocation windows where the client places device memory itself (`crate::windows`).
     windows: Mutex<crate::windows::Windows>,
     /// Large inputs sent by content (None: the client sends every byte).
@@ -333,6 +338,7 @@ pub fn run(
         timing: tracing::enabled!(target: TIMING_TARGET, tracing::Level::DEBUG).then(Default::default),
         mirrors: Mutex::new(Mirrors::default()),
         memory: Mutex::new(Memory::new(options.memory_quota)),
+        ipc: crate::ipc::Exports::new(options.ipc_dir),
         windows: Mutex::default(),
         content: content.map(|(_, c)| c),
         warned: Mutex::new(std::collections::HashSet::new()),
@@ -353,6 +359,7 @@ pub fn run(
         frame_stall(options.heartbeat)
     };
     let result = serve(&session, &mut reader, stall);
+    session.ipc.withdraw();
     if let Some(content) = &session.content {
         content.keeper.finish();
     }
@@ -1018,6 +1025,17 @@ impl codec::Tables for SessionTables<'_> {
 
 /// Whether `[addr, addr + len)` is memory of this session at that address (NULL is left to
 /// the library).
+/// The size of the memory that CUDA IPC just opened at `base` (`cuMemGetAddressRange`).
+fn opened_size(session: &Session, base: u64) -> Option<u64> {
+    let (mut start, mut len) = (0u64, 0u64);
+    let args = [&raw mut start as u64, &raw mut len as u64, base];
+    // SAFETY: the two outputs are the locals above, the address a value.
+    let status = unsafe {
+        crate::adapt::invoke(&*session.backend, &chidori_cuda::calls::driver::cuMemGetAddressRange_v2__call, &args)
+    };
+    (status == Ok(0) && start == base && len > 0).then_some(len)
+}
+
 fn device_ok(session: &Session, addr: u64, len: u64) -> bool {
     addr == 0 || lock(&session.memory).contains(addr, len) || lock(&session.mirrors).contains(addr, len)
 }
@@ -1152,8 +1170,20 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
         Effect::Foreign => {
             return fail(
                 desc.codes.not_supported,
-                format!("{}: a session may not open memory of another process", desc.name),
+                format!(
+                    "{}: a session may not open memory of another process (CUDA IPC handles are supported)",
+                    desc.name
+                ),
             );
+        }
+        Effect::Export { .. } | Effect::Open { .. } if !session.ipc.enabled() => {
+            return fail(desc.codes.not_supported, format!("{}: this session runs without CUDA IPC", desc.name));
+        }
+        Effect::Close { ptr } => {
+            let base = args.get(ptr).copied().unwrap_or(0);
+            if lock(&session.memory).origin_at(base) != Some(Origin::Opened) {
+                return invalid(format!("{base:#x} is not memory this session opened by CUDA IPC"));
+            }
         }
         Effect::Alloc { size, origin: Origin::Allocated, .. } => {
             let bytes = match size {
@@ -1376,6 +1406,17 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
         // elsewhere (a stand-in) is named there.
         if let Err(why) = name_where_the_session_has(session, record, &version, b.bytes_mut()) {
             return invalid(format!("argument {i}: {why}"));
+        }
+    }
+
+    // A CUDA IPC handle opens only what a session of this server exported.
+    if let Effect::Open { handle, kind, .. } = effect {
+        let bytes = buffers.get(handle).and_then(Option::as_ref).map(|b| b.bytes()).unwrap_or(&[]);
+        if !session.ipc.published(kind, bytes) {
+            return invalid(format!(
+                "the {} handle was not exported by a running session of this server",
+                if kind == crate::ipc::Kind::Memory { "memory" } else { "event" }
+            ));
         }
     }
 
@@ -1617,7 +1658,23 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
                 };
                 lock(&session.memory).insert(base, bytes, origin);
             }
-            Effect::Free { ptr } => lock(&session.memory).remove(args.get(ptr).copied().unwrap_or(0)),
+            Effect::Free { ptr } | Effect::Close { ptr } => {
+                lock(&session.memory).remove(args.get(ptr).copied().unwrap_or(0))
+            }
+            Effect::Export { out, kind } => {
+                let handle = buffers.get(out).and_then(Option::as_ref).map(|b| b.bytes()).unwrap_or(&[]);
+                if let Err(why) = session.ipc.publish(kind, handle) {
+                    tracing::warn!("{}: {why}; other sessions cannot open it", desc.name);
+                }
+            }
+            Effect::Open { out, kind: crate::ipc::Kind::Memory, .. } => {
+                let base = buffers.get(out).and_then(Option::as_ref).and_then(|b| b.bytes().first_chunk::<8>());
+                let base = base.copied().map(u64::from_le_bytes).unwrap_or(0);
+                match opened_size(session, base) {
+                    Some(len) => lock(&session.memory).insert(base, len, Origin::Opened),
+                    None => tracing::warn!("{}: the size of the memory opened at {base:#x} is unknown", desc.name),
+                }
+            }
             _ => {}
         }
         if !checks.memory_records.is_empty() {
@@ -1856,6 +1913,15 @@ pub struct Harness {
 
 impl Harness {
     pub fn new(backend: Arc<dyn Backend>, memory_quota: Option<u64>) -> Harness {
+        Self::sharing(backend, memory_quota, None)
+    }
+
+    /// A harness whose session publishes and opens CUDA IPC handles in `ipc_dir`.
+    pub fn sharing(
+        backend: Arc<dyn Backend>,
+        memory_quota: Option<u64>,
+        ipc_dir: Option<std::path::PathBuf>,
+    ) -> Harness {
         let handles = Handles::with_finder(module_functions(&backend));
         let session = Arc::new(Session {
             landing: handles.landing(),
@@ -1877,6 +1943,7 @@ impl Harness {
             timing: None,
             mirrors: Mutex::new(Mirrors::default()),
             memory: Mutex::new(Memory::new(memory_quota)),
+            ipc: crate::ipc::Exports::new(ipc_dir),
             windows: Mutex::default(),
             content: None,
             warned: Mutex::new(std::collections::HashSet::new()),

@@ -86,6 +86,9 @@ pub struct ServeOptions {
     pub memory_quota: Option<u64>,
     /// (token, certificate fingerprint) to print for clients, with TLS.
     pub credentials: Option<(String, String)>,
+    /// Where sessions publish the CUDA IPC handles they export ([`crate::ipc`]): made by
+    /// [`serve`] (None until then, or where it could not be made: no session shares).
+    pub ipc_dir: Option<PathBuf>,
 }
 
 impl ServeOptions {
@@ -118,6 +121,10 @@ impl ServeOptions {
         if let Some(quota) = self.memory_quota {
             args.push("--memory-quota-mb".to_owned());
             args.push((quota >> 20).to_string());
+        }
+        if let Some(dir) = &self.ipc_dir {
+            args.push("--ipc-dir".to_owned());
+            args.push(dir.display().to_string());
         }
         match &self.backend {
             BackendChoice::Real { cuda_lib_dirs } => {
@@ -210,8 +217,12 @@ impl Drop for Held<'_> {
     }
 }
 
-pub fn serve(options: ServeOptions) -> Result<()> {
+pub fn serve(mut options: ServeOptions) -> Result<()> {
     let found = probe(&options)?;
+    match crate::ipc::make_directory() {
+        Ok(dir) => options.ipc_dir = Some(dir),
+        Err(e) => tracing::warn!("no directory for CUDA IPC between sessions ({e}): sessions cannot share memory"),
+    }
     let max_sessions =
         if options.max_sessions > 0 { options.max_sessions } else { SESSIONS_PER_GPU * gpus_found(&found).max(1) };
     let listener = TcpListener::bind((options.bind.as_str(), options.port)).with_context(|| {

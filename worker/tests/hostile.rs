@@ -560,3 +560,53 @@ fn real_libraries_survive_null_pointers() {
     );
     assert!(died.is_empty(), "{} descriptors killed the worker:\n{}", died.len(), died.join("\n"));
 }
+
+/// CUDA IPC within one server: an exported handle opens in another session of the same
+/// server (the memory is then that session's, until closed), not in a session of another
+/// server, and not once the exporting session has ended.
+#[test]
+fn ipc_handles_open_only_in_sessions_of_the_server_that_exported_them() {
+    let dir = |name: &str| {
+        let d = std::env::temp_dir().join(format!("chidori-ipc-hostile-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    };
+    let (ours, theirs) = (dir("ours"), dir("theirs"));
+    let session = |d: &std::path::Path| Harness::sharing(fuzz::emulated_harness_backend(), None, Some(d.to_path_buf()));
+    let (exporter, opener, stranger, late) = (session(&ours), session(&ours), session(&theirs), session(&ours));
+    let (_, base) = malloc(&exporter, 4096);
+    let h2d = newest("cudaMemcpy", Some(Form::H2d));
+    let pattern: Vec<u8> = (0..16).collect();
+    assert_eq!(ret_of(&exporter, h2d, vec![base, 0, 16, 1], vec![0, 16, 0, 0], &pattern), 0);
+    let get = newest("cudaIpcGetMemHandle", Some(Form::Call));
+    assert_eq!(ret_of(&exporter, get, vec![0, base], vec![64, 0], &[]), 0);
+    let handle = exporter.last_reply().unwrap().bulk[..64].to_vec();
+    // Its own memory only: an address of no session's is refused before the library.
+    assert_eq!(ret_of(&exporter, get, vec![0, 0x7e00_dead_0000], vec![64, 0], &[]), get.codes.invalid_value);
+
+    let open = newest("cudaIpcOpenMemHandle", Some(Form::Call));
+    let opened = |h: &Harness| {
+        let status = ret_of(h, open, vec![0, 0, 1], vec![8, 64, 0], &handle);
+        (status, h.last_reply().unwrap().bulk.get(..8).map(|b| u64::from_le_bytes(b.try_into().unwrap())))
+    };
+    assert_eq!(opened(&stranger).0, open.codes.invalid_value, "exported on another server");
+    let (status, address) = opened(&opener);
+    assert_eq!(status, 0);
+    let address = address.unwrap();
+    let d2h = newest("cudaMemcpy", Some(Form::D2h));
+    assert_eq!(ret_of(&opener, d2h, vec![0, address, 16, 2], vec![16, 0, 0, 0], &[]), 0);
+    assert!(opener.last_reply().unwrap().bulk.ends_with(&pattern), "the exporter's bytes");
+
+    let close = newest("cudaIpcCloseMemHandle", Some(Form::Call));
+    let (_, own) = malloc(&opener, 4096);
+    assert_eq!(ret_of(&opener, close, vec![own], vec![0], &[]), close.codes.invalid_value, "not opened");
+    assert_eq!(ret_of(&opener, close, vec![address], vec![0], &[]), 0);
+    assert_eq!(
+        ret_of(&opener, d2h, vec![0, address, 16, 2], vec![16, 0, 0, 0], &[]),
+        d2h.codes.invalid_value,
+        "closed: no longer the session's"
+    );
+    drop(exporter);
+    assert_eq!(opened(&late).0, open.codes.invalid_value, "the exporting session ended");
+    let _ = (std::fs::remove_dir_all(ours), std::fs::remove_dir_all(theirs));
+}

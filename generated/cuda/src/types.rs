@@ -96,6 +96,15 @@ const _: () = {
 };
 #[repr(C)]
 #[derive(Clone, Copy)]
+pub struct cudaIpcMemHandle_st {
+    pub reserved: [i8; 64usize],
+}
+const _: () = {
+    assert!(core::mem::size_of:: < cudaIpcMemHandle_st > () == 64usize);
+    assert!(core::mem::offset_of!(cudaIpcMemHandle_st, reserved) == 0usize);
+};
+#[repr(C)]
+#[derive(Clone, Copy)]
 pub struct cudaIpcEventHandle_st {
     pub reserved: [i8; 64usize],
 }

@@ -12,7 +12,9 @@
 //! record may still be on its way). It stays complete until it is recorded again, which
 //! the client sees: [`Events::recorded`]. What the client cannot see drops everything: a
 //! graph launch (its event-record nodes record again on the server), a graph loop, a
-//! context reset.
+//! context reset. An event another process may record (made interprocess, or opened from
+//! another process's CUDA IPC handle) is never known complete: its records are not all
+//! the client's to see.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
@@ -45,6 +47,8 @@ pub struct Events {
     /// one cannot be refused (one recorded and not complete is released once it is), so it
     /// goes without waiting. Kept across what drops the rest, but a context's end.
     live: Mutex<Option<HashSet<u64>>>,
+    /// Live events another process may record too.
+    shared: Mutex<Option<HashSet<u64>>>,
 }
 
 /// Records counted, for their order on a stream.
@@ -58,7 +62,7 @@ impl Default for Events {
 
 impl Events {
     pub const fn new() -> Self {
-        Events { state: Mutex::new(None), live: Mutex::new(None) }
+        Events { state: Mutex::new(None), live: Mutex::new(None), shared: Mutex::new(None) }
     }
 
     fn with_live<R>(&self, f: impl FnOnce(&mut HashSet<u64>) -> R) -> R {
@@ -75,10 +79,23 @@ impl Events {
         self.with_live(|l| l.insert(event));
     }
 
+    fn with_shared<R>(&self, f: impl FnOnce(&mut HashSet<u64>) -> R) -> R {
+        let mut guard = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+        let shared = guard.get_or_insert_with(HashSet::new);
+        f(shared)
+    }
+
+    /// Another process may record `event` (interprocess, or opened by CUDA IPC): only the
+    /// server can say whether it is complete.
+    pub fn shared(&self, event: u64) {
+        self.with_shared(|s| s.insert(event));
+    }
+
     /// `event` is destroyed: nothing is known of it any more. Whether it was live (made for
     /// this client and not destroyed before).
     pub fn destroyed(&self, event: u64) -> bool {
         self.unknown(event);
+        self.with_shared(|s| s.remove(&event));
         self.with_live(|l| l.remove(&event))
     }
 
@@ -87,6 +104,7 @@ impl Events {
     pub fn context_ended(&self) {
         self.forget_all();
         *self.live.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        *self.shared.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }
 
     fn with<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
@@ -135,7 +153,7 @@ impl Events {
 
     /// Whether `event` is known complete.
     pub fn is_complete(&self, event: u64) -> bool {
-        self.with(|s| s.complete.contains(&event))
+        self.with(|s| s.complete.contains(&event)) && !self.with_shared(|s| s.contains(&event))
     }
 
     /// Work the client cannot follow may have recorded any event again.
@@ -174,6 +192,22 @@ mod tests {
         assert!(!e.destroyed(5), "destroyed already");
         e.context_ended();
         assert!(!e.destroyed(6), "gone with its context");
+    }
+
+    #[test]
+    fn an_event_another_process_may_record_is_never_known_complete() {
+        let e = Events::new();
+        let s = stream(0x50, 0, None, 1);
+        e.created(3);
+        e.shared(3);
+        e.recorded(3, s, 1);
+        e.drained(Scope::Stream(s), 1);
+        e.complete(3);
+        assert!(!e.is_complete(3), "another process may have recorded it since");
+        assert!(e.destroyed(3));
+        e.recorded(3, s, 1);
+        e.complete(3);
+        assert!(e.is_complete(3), "a handle given out again is not shared by itself");
     }
 
     #[test]

@@ -20,6 +20,7 @@ pub mod entry;
 pub mod export;
 pub mod graphs;
 pub mod handles;
+pub mod ipc;
 pub mod kernels;
 pub mod libraries;
 pub mod link;

@@ -45,6 +45,18 @@ fn on(conn: &Conn) -> bool {
     })
 }
 
+/// The program shares device memory with its other processes (CUDA IPC): legacy IPC
+/// handles name `cudaMalloc`'s memory only, not the virtual memory a placement maps, so its
+/// later allocations wait for the server's.
+static SHARING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The program exported or opened a CUDA IPC handle: place nothing from now on. Whether
+/// `address` lies in memory placed before (which no IPC handle can name).
+pub fn sharing(address: u64) -> bool {
+    SHARING.store(true, std::sync::atomic::Ordering::Relaxed);
+    windows().owner(address).is_some()
+}
+
 /// Device 0's window asked as the connection was made, with the fork count then.
 static EARLY: Mutex<Option<(u64, Asked)>> = Mutex::new(None);
 
@@ -84,7 +96,8 @@ fn ask_window(conn: &Conn, device: i32) -> Result<ServiceReply, String> {
 /// cudaMalloc of `size` bytes into `dev_ptr`, placed by the client: Some(status) where it
 /// was (or where `dev_ptr` is NULL), None where the allocation must go to the server.
 pub fn malloc(conn: &Conn, dev_ptr: *mut c_void, size: u64) -> Option<u32> {
-    if size == 0 || !(size.is_multiple_of(GRANULE) || size >= ROUNDED_MIN) || !on(conn) {
+    let sharing = SHARING.load(std::sync::atomic::Ordering::Relaxed);
+    if sharing || size == 0 || !(size.is_multiple_of(GRANULE) || size >= ROUNDED_MIN) || !on(conn) {
         return None;
     }
     if super::capture::any_active() && !super::capture::thread_relaxed() {

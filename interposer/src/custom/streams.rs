@@ -76,7 +76,11 @@ pub unsafe fn event_create_raw(ctx: &Ctx, args: &[u64]) -> u64 {
     let desc = ctx.form(Form::Call);
     if status == crate::runtime::success(desc) && out != 0 {
         // SAFETY: the caller's out-pointer, written by the create that succeeded.
-        CLIENT.ahead.events.created(unsafe { std::ptr::read_unaligned(out as *const u64) });
+        let event = unsafe { std::ptr::read_unaligned(out as *const u64) };
+        CLIENT.ahead.events.created(event);
+        if flags & u64::from(chidori_cuda::consts::CUevent_flags_enum::CU_EVENT_INTERPROCESS) != 0 {
+            CLIENT.ahead.events.shared(event);
+        }
     }
     status
 }

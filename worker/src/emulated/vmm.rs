@@ -37,6 +37,14 @@ struct Physical {
     references: u32,
 }
 
+impl Vmm {
+    /// Whether a piece of a physical allocation is mapped at `addr` (its bytes are the
+    /// allocation there only while mapped, so no one else may take them).
+    pub(super) fn maps(&self, addr: u64) -> bool {
+        self.mapped.contains_key(&addr)
+    }
+}
+
 impl Emulated {
     /// The VMM functions; None for any other.
     ///

@@ -3046,6 +3046,19 @@ pub static STRUCTS: &[StructMap] = &[
         ],
     },
     StructMap {
+        name: "cudaIpcMemHandle_st",
+        size: 64u32,
+        union: false,
+        fields: &[
+            FieldMap {
+                name: "reserved",
+                offset: 0u32,
+                size: 64u32,
+                ty: "[i8; 64]",
+            },
+        ],
+    },
+    StructMap {
         name: "cudaLaunchAttributeValue",
         size: 64u32,
         union: true,

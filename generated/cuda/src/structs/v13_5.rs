@@ -4511,6 +4511,19 @@ pub static STRUCTS: &[StructMap] = &[
         ],
     },
     StructMap {
+        name: "cudaIpcMemHandle_st",
+        size: 64u32,
+        union: false,
+        fields: &[
+            FieldMap {
+                name: "reserved",
+                offset: 0u32,
+                size: 64u32,
+                ty: "[i8; 64]",
+            },
+        ],
+    },
+    StructMap {
         name: "cudaKernelNodeParamsV2",
         size: 72u32,
         union: false,
