@@ -6280,3 +6280,105 @@ fn processes_share_memory_and_events_by_cuda_ipc() {
     assert!(out.status.success() && stdout.contains("child OK") && stdout.contains("parent OK"), "{stdout}\n{stderr}");
     assert!(!stderr.contains("NOT_SUPPORTED"), "{stderr}");
 }
+
+/// Shareable file descriptors as NVIDIA's memMapIPCDrv uses them: a parent exports a VMM
+/// allocation as a POSIX descriptor, a child process (another session) inherits it, imports
+/// and maps it, reads the parent's bytes and writes its own, which the parent then sees.
+/// A descriptor that no export made, and another handle type, are refused.
+const IPC_FD: &str = r#"
+#include <cuda.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+enum { SIZE = 2 << 20, N = 4096 };
+static CUdeviceptr mapped(CUmemGenericAllocationHandle h) {
+  CUdeviceptr p = 0;
+  if (cuMemAddressReserve(&p, SIZE, 0, 0, 0) != CUDA_SUCCESS) return 0;
+  if (cuMemMap(p, SIZE, 0, h, 0) != CUDA_SUCCESS) return 0;
+  CUmemAccessDesc access = {{CU_MEM_LOCATION_TYPE_DEVICE, 0}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+  if (cuMemSetAccess(p, SIZE, &access, 1) != CUDA_SUCCESS) return 0;
+  return p;
+}
+static int context(void) {
+  CUdevice dev; CUcontext ctx;
+  CHECK(cuInit(0));
+  CHECK(cuDeviceGet(&dev, 0));
+  CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
+  CHECK(cuCtxSetCurrent(ctx));
+  return 0;
+}
+static int child(int fd) {
+  if (context()) return 1;
+  CUmemGenericAllocationHandle h;
+  CHECK(cuMemImportFromShareableHandle(&h, (void *)(uintptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+  close(fd);
+  CUdeviceptr p = mapped(h);
+  EXPECT(p != 0);
+  unsigned char b[N];
+  CHECK(cuMemcpyDtoH(b, p, N));
+  for (int i = 0; i < N; i++) EXPECT(b[i] == (unsigned char)(i * 5));
+  for (int i = 0; i < N; i++) b[i] = (unsigned char)(3 + i);
+  CHECK(cuMemcpyHtoD(p, b, N));
+  CHECK(cuMemUnmap(p, SIZE));
+  CHECK(cuMemRelease(h));
+  CHECK(cuMemAddressFree(p, SIZE));
+  printf("child OK\n");
+  return 0;
+}
+int main(int argc, char **argv) {
+  if (argc == 3) return child(atoi(argv[2]));
+  if (context()) return 1;
+  CUmemAllocationProp prop;
+  memset(&prop, 0, sizeof prop);
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = 0;
+  CUmemGenericAllocationHandle h;
+  CHECK(cuMemCreate(&h, SIZE, &prop, 0));
+  CUdeviceptr p = mapped(h);
+  EXPECT(p != 0);
+  unsigned char b[N];
+  for (int i = 0; i < N; i++) b[i] = (unsigned char)(i * 5);
+  CHECK(cuMemcpyHtoD(p, b, N));
+  int fd = -1;
+  CHECK(cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+  EXPECT(fd >= 0);
+  /* Another handle type, and a descriptor no export made. */
+  int other = -1;
+  EXPECT(cuMemExportToShareableHandle(&other, h, CU_MEM_HANDLE_TYPE_WIN32, 0) == CUDA_ERROR_NOT_SUPPORTED);
+  int devnull = open("/dev/null", O_RDONLY);
+  CUmemGenericAllocationHandle bogus;
+  EXPECT(cuMemImportFromShareableHandle(&bogus, (void *)(uintptr_t)devnull, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != CUDA_SUCCESS);
+  close(devnull);
+  char number[16];
+  snprintf(number, sizeof number, "%d", fd);
+  fflush(stdout);
+  pid_t pid = fork();
+  if (pid == 0) {
+    execl(argv[0], argv[0], "child", number, (char *)NULL);
+    _exit(127);
+  }
+  int status = 0;
+  EXPECT(pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  close(fd);
+  CHECK(cuMemcpyDtoH(b, p, N));
+  for (int i = 0; i < N; i++) EXPECT(b[i] == (unsigned char)(3 + i));
+  CHECK(cuMemUnmap(p, SIZE));
+  CHECK(cuMemRelease(h));
+  CHECK(cuMemAddressFree(p, SIZE));
+  printf("parent OK\n");
+  return 0;
+}
+"#;
+
+#[test]
+fn processes_share_virtual_memory_by_file_descriptors() {
+    let server = server();
+    let exe = program_with("ipc-fd", &format!("{CHECKS}{IPC_FD}"), &["-l:libcuda.so.1"]);
+    let out = run_cmd(&server.address, &exe).output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && stdout.contains("child OK") && stdout.contains("parent OK"), "{stdout}\n{stderr}");
+}

@@ -6457,6 +6457,56 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemPoolDestroy(
         ) as u32
     }
 }
+///`cudaMemPoolExportPointer` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemPoolExportPointer(
+    exportData: *mut c_void,
+    ptr: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemPoolExportPointer,
+            &[(exportData) as usize as u64, (ptr) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaMemPoolExportToShareableHandle` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemPoolExportToShareableHandle(
+    shareableHandle: *mut c_void,
+    memPool: *mut c_void,
+    handleType: u32,
+    flags: u32,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaMemPoolExportToShareableHandle",
+                version: "13.5",
+                library: "cudart",
+                forms: &[
+                    &chidori_cuda::calls::cudart::cudaMemPoolExportToShareableHandle__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::ipc::export_fd_raw(
+                &CTX,
+                &[
+                    (shareableHandle) as usize as u64,
+                    (memPool) as usize as u64,
+                    (handleType) as u64,
+                    (flags) as u64,
+                ],
+            )
+        }) as u32
+    }
+}
 ///`cudaMemPoolGetAccess` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemPoolGetAccess__cu118(
@@ -6505,6 +6555,76 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemPoolGetAttribute(
             &chidori_cuda::calls::cudart::cudaMemPoolGetAttribute,
             &[(memPool) as usize as u64, (attr) as u64, (value) as usize as u64],
         ) as u32
+    }
+}
+///`cudaMemPoolImportFromShareableHandle` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemPoolImportFromShareableHandle(
+    memPool: *mut c_void,
+    shareableHandle: *mut c_void,
+    handleType: u32,
+    flags: u32,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaMemPoolImportFromShareableHandle",
+                version: "13.5",
+                library: "cudart",
+                forms: &[
+                    &chidori_cuda::calls::cudart::cudaMemPoolImportFromShareableHandle__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::ipc::import_fd_raw(
+                &CTX,
+                &[
+                    (memPool) as usize as u64,
+                    (shareableHandle) as usize as u64,
+                    (handleType) as u64,
+                    (flags) as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cudaMemPoolImportPointer` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemPoolImportPointer(
+    ptr: *mut c_void,
+    memPool: *mut c_void,
+    exportData: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cudaMemPoolImportPointer",
+                version: "13.5",
+                library: "cudart",
+                forms: &[&chidori_cuda::calls::cudart::cudaMemPoolImportPointer__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::ipc::open_memory_raw(
+                &CTX,
+                &[
+                    (ptr) as usize as u64,
+                    (memPool) as usize as u64,
+                    (exportData) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cudaMemPoolSetAccess` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).

@@ -6864,6 +6864,43 @@ pub unsafe extern "C" fn __chidori_driver_cuMemDiscardBatchAsync_ptsz(
         ) as u32
     }
 }
+///`cuMemExportToShareableHandle` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemExportToShareableHandle(
+    shareableHandle: *mut c_void,
+    handle: u64,
+    handleType: u32,
+    flags: u64,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuMemExportToShareableHandle",
+                version: "13.5",
+                library: "driver",
+                forms: &[
+                    &chidori_cuda::calls::driver::cuMemExportToShareableHandle__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::ipc::export_fd_raw(
+                &CTX,
+                &[
+                    (shareableHandle) as usize as u64,
+                    (handle) as u64,
+                    (handleType) as u64,
+                    (flags) as u64,
+                ],
+            )
+        }) as u32
+    }
+}
 ///`cuMemFree` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemFree(dptr: u32) -> u32 {
@@ -7160,6 +7197,41 @@ pub unsafe extern "C" fn __chidori_driver_cuMemHostRegister_v2(
 pub unsafe extern "C" fn __chidori_driver_cuMemHostUnregister(p: *mut c_void) -> u32 {
     unsafe { crate::custom::driver::cuMemHostUnregister(p) }
 }
+///`cuMemImportFromShareableHandle` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemImportFromShareableHandle(
+    handle: *mut c_void,
+    osHandle: *mut c_void,
+    shHandleType: u32,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuMemImportFromShareableHandle",
+                version: "13.5",
+                library: "driver",
+                forms: &[
+                    &chidori_cuda::calls::driver::cuMemImportFromShareableHandle__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::ipc::import_fd_raw(
+                &CTX,
+                &[
+                    (handle) as usize as u64,
+                    (osHandle) as usize as u64,
+                    (shHandleType) as u64,
+                ],
+            )
+        }) as u32
+    }
+}
 ///`cuMemMap` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemMap(
@@ -7263,6 +7335,56 @@ pub unsafe extern "C" fn __chidori_driver_cuMemPoolDestroy(pool: *mut c_void) ->
         ) as u32
     }
 }
+///`cuMemPoolExportPointer` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemPoolExportPointer(
+    shareData_out: *mut c_void,
+    ptr: u64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemPoolExportPointer,
+            &[(shareData_out) as usize as u64, (ptr) as u64],
+        ) as u32
+    }
+}
+///`cuMemPoolExportToShareableHandle` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemPoolExportToShareableHandle(
+    handle_out: *mut c_void,
+    pool: *mut c_void,
+    handleType: u32,
+    flags: u64,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuMemPoolExportToShareableHandle",
+                version: "13.5",
+                library: "driver",
+                forms: &[
+                    &chidori_cuda::calls::driver::cuMemPoolExportToShareableHandle__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::ipc::export_fd_raw(
+                &CTX,
+                &[
+                    (handle_out) as usize as u64,
+                    (pool) as usize as u64,
+                    (handleType) as u64,
+                    (flags) as u64,
+                ],
+            )
+        }) as u32
+    }
+}
 ///`cuMemPoolGetAccess` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemPoolGetAccess__cu118(
@@ -7311,6 +7433,76 @@ pub unsafe extern "C" fn __chidori_driver_cuMemPoolGetAttribute(
             &chidori_cuda::calls::driver::cuMemPoolGetAttribute,
             &[(pool) as usize as u64, (attr) as u64, (value) as usize as u64],
         ) as u32
+    }
+}
+///`cuMemPoolImportFromShareableHandle` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemPoolImportFromShareableHandle(
+    pool_out: *mut c_void,
+    handle: *mut c_void,
+    handleType: u32,
+    flags: u64,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuMemPoolImportFromShareableHandle",
+                version: "13.5",
+                library: "driver",
+                forms: &[
+                    &chidori_cuda::calls::driver::cuMemPoolImportFromShareableHandle__call,
+                ],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::ipc::import_fd_raw(
+                &CTX,
+                &[
+                    (pool_out) as usize as u64,
+                    (handle) as usize as u64,
+                    (handleType) as u64,
+                    (flags) as u64,
+                ],
+            )
+        }) as u32
+    }
+}
+///`cuMemPoolImportPointer` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemPoolImportPointer(
+    ptr_out: *mut c_void,
+    pool: *mut c_void,
+    shareData: *mut c_void,
+) -> u32 {
+    unsafe {
+        ({
+            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                name: "cuMemPoolImportPointer",
+                version: "13.5",
+                library: "driver",
+                forms: &[&chidori_cuda::calls::driver::cuMemPoolImportPointer__call],
+                codes: chidori_cuda::desc::Codes {
+                    success: 0i64,
+                    not_supported: 801i64,
+                    unavailable: 100i64,
+                    invalid_handle: 400i64,
+                    invalid_value: 1i64,
+                },
+            };
+            crate::custom::ipc::open_memory_raw(
+                &CTX,
+                &[
+                    (ptr_out) as usize as u64,
+                    (pool) as usize as u64,
+                    (shareData) as usize as u64,
+                ],
+            )
+        }) as u32
     }
 }
 ///`cuMemPoolSetAccess` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).

@@ -993,6 +993,9 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuMemDiscardBatchAsync_ptsz" => {
             Some(driver::__chidori_driver_cuMemDiscardBatchAsync_ptsz as *const c_void)
         }
+        "cuMemExportToShareableHandle" => {
+            Some(driver::__chidori_driver_cuMemExportToShareableHandle as *const c_void)
+        }
         "cuMemFree" => Some(driver::__chidori_driver_cuMemFree as *const c_void),
         "cuMemFreeAsync" => {
             Some(driver::__chidori_driver_cuMemFreeAsync as *const c_void)
@@ -1048,6 +1051,11 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuMemHostUnregister" => {
             Some(driver::__chidori_driver_cuMemHostUnregister as *const c_void)
         }
+        "cuMemImportFromShareableHandle" => {
+            Some(
+                driver::__chidori_driver_cuMemImportFromShareableHandle as *const c_void,
+            )
+        }
         "cuMemMap" => Some(driver::__chidori_driver_cuMemMap as *const c_void),
         "cuMemMapArrayAsync" => {
             Some(driver::__chidori_driver_cuMemMapArrayAsync as *const c_void)
@@ -1061,11 +1069,29 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuMemPoolDestroy" => {
             Some(driver::__chidori_driver_cuMemPoolDestroy as *const c_void)
         }
+        "cuMemPoolExportPointer" => {
+            Some(driver::__chidori_driver_cuMemPoolExportPointer as *const c_void)
+        }
+        "cuMemPoolExportToShareableHandle" => {
+            Some(
+                driver::__chidori_driver_cuMemPoolExportToShareableHandle
+                    as *const c_void,
+            )
+        }
         "cuMemPoolGetAccess" => {
             Some(driver::__chidori_driver_cuMemPoolGetAccess__cu135 as *const c_void)
         }
         "cuMemPoolGetAttribute" => {
             Some(driver::__chidori_driver_cuMemPoolGetAttribute as *const c_void)
+        }
+        "cuMemPoolImportFromShareableHandle" => {
+            Some(
+                driver::__chidori_driver_cuMemPoolImportFromShareableHandle
+                    as *const c_void,
+            )
+        }
+        "cuMemPoolImportPointer" => {
+            Some(driver::__chidori_driver_cuMemPoolImportPointer as *const c_void)
         }
         "cuMemPoolSetAccess" => {
             Some(driver::__chidori_driver_cuMemPoolSetAccess__cu135 as *const c_void)

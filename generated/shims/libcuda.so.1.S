@@ -1875,10 +1875,7 @@ cuMemDiscardBatchAsync_ptsz:
     .globl cuMemExportToShareableHandle
     .type cuMemExportToShareableHandle, @function
 cuMemExportToShareableHandle:
-    leaq .Lname42(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemExportToShareableHandle@PLT
     .size cuMemExportToShareableHandle, .-cuMemExportToShareableHandle
     .globl cuMemFree
     .type cuMemFree, @function
@@ -1913,7 +1910,7 @@ cuMemGetAccess:
     .globl cuMemGetAddressRange
     .type cuMemGetAddressRange, @function
 cuMemGetAddressRange:
-    leaq .Lname43(%rip), %rdi
+    leaq .Lname42(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1941,7 +1938,7 @@ cuMemGetDefaultMemPool:
     .globl cuMemGetHandleForAddressRange
     .type cuMemGetHandleForAddressRange, @function
 cuMemGetHandleForAddressRange:
-    leaq .Lname44(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1959,7 +1956,7 @@ cuMemGetInfo_v2:
     .globl cuMemGetLocationInfo
     .type cuMemGetLocationInfo, @function
 cuMemGetLocationInfo:
-    leaq .Lname45(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1977,7 +1974,7 @@ cuMemHostAlloc:
     .globl cuMemHostGetDevicePointer
     .type cuMemHostGetDevicePointer, @function
 cuMemHostGetDevicePointer:
-    leaq .Lname46(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2010,10 +2007,7 @@ cuMemHostUnregister:
     .globl cuMemImportFromShareableHandle
     .type cuMemImportFromShareableHandle, @function
 cuMemImportFromShareableHandle:
-    leaq .Lname47(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemImportFromShareableHandle@PLT
     .size cuMemImportFromShareableHandle, .-cuMemImportFromShareableHandle
     .globl cuMemMap
     .type cuMemMap, @function
@@ -2043,18 +2037,12 @@ cuMemPoolDestroy:
     .globl cuMemPoolExportPointer
     .type cuMemPoolExportPointer, @function
 cuMemPoolExportPointer:
-    leaq .Lname48(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemPoolExportPointer@PLT
     .size cuMemPoolExportPointer, .-cuMemPoolExportPointer
     .globl cuMemPoolExportToShareableHandle
     .type cuMemPoolExportToShareableHandle, @function
 cuMemPoolExportToShareableHandle:
-    leaq .Lname49(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemPoolExportToShareableHandle@PLT
     .size cuMemPoolExportToShareableHandle, .-cuMemPoolExportToShareableHandle
     .globl cuMemPoolGetAccess
     .type cuMemPoolGetAccess, @function
@@ -2069,18 +2057,12 @@ cuMemPoolGetAttribute:
     .globl cuMemPoolImportFromShareableHandle
     .type cuMemPoolImportFromShareableHandle, @function
 cuMemPoolImportFromShareableHandle:
-    leaq .Lname50(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemPoolImportFromShareableHandle@PLT
     .size cuMemPoolImportFromShareableHandle, .-cuMemPoolImportFromShareableHandle
     .globl cuMemPoolImportPointer
     .type cuMemPoolImportPointer, @function
 cuMemPoolImportPointer:
-    leaq .Lname51(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemPoolImportPointer@PLT
     .size cuMemPoolImportPointer, .-cuMemPoolImportPointer
     .globl cuMemPoolSetAccess
     .type cuMemPoolSetAccess, @function
@@ -2170,7 +2152,7 @@ cuMemcpy:
     .globl cuMemcpy2D
     .type cuMemcpy2D, @function
 cuMemcpy2D:
-    leaq .Lname52(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2178,7 +2160,7 @@ cuMemcpy2D:
     .globl cuMemcpy2DAsync
     .type cuMemcpy2DAsync, @function
 cuMemcpy2DAsync:
-    leaq .Lname53(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2196,7 +2178,7 @@ cuMemcpy2DAsync_v2_ptsz:
     .globl cuMemcpy2DUnaligned
     .type cuMemcpy2DUnaligned, @function
 cuMemcpy2DUnaligned:
-    leaq .Lname54(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2224,7 +2206,7 @@ cuMemcpy2D_v2_ptds:
     .globl cuMemcpy3D
     .type cuMemcpy3D, @function
 cuMemcpy3D:
-    leaq .Lname55(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2232,7 +2214,7 @@ cuMemcpy3D:
     .globl cuMemcpy3DAsync
     .type cuMemcpy3DAsync, @function
 cuMemcpy3DAsync:
-    leaq .Lname56(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2445,7 +2427,7 @@ cuMemcpyDtoD_v2_ptds:
     .globl cuMemcpyDtoH
     .type cuMemcpyDtoH, @function
 cuMemcpyDtoH:
-    leaq .Lname57(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2453,7 +2435,7 @@ cuMemcpyDtoH:
     .globl cuMemcpyDtoHAsync
     .type cuMemcpyDtoHAsync, @function
 cuMemcpyDtoHAsync:
-    leaq .Lname58(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2511,7 +2493,7 @@ cuMemcpyHtoA_v2_ptds:
     .globl cuMemcpyHtoD
     .type cuMemcpyHtoD, @function
 cuMemcpyHtoD:
-    leaq .Lname59(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2519,7 +2501,7 @@ cuMemcpyHtoD:
     .globl cuMemcpyHtoDAsync
     .type cuMemcpyHtoDAsync, @function
 cuMemcpyHtoDAsync:
-    leaq .Lname60(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2947,7 +2929,7 @@ cuProfilerStop:
     .globl cuSignalExternalSemaphoresAsync
     .type cuSignalExternalSemaphoresAsync, @function
 cuSignalExternalSemaphoresAsync:
-    leaq .Lname61(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2955,7 +2937,7 @@ cuSignalExternalSemaphoresAsync:
     .globl cuSignalExternalSemaphoresAsync_ptsz
     .type cuSignalExternalSemaphoresAsync_ptsz, @function
 cuSignalExternalSemaphoresAsync_ptsz:
-    leaq .Lname62(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3008,7 +2990,7 @@ cuStreamBeginCapture:
     .globl cuStreamBeginCaptureToCig
     .type cuStreamBeginCaptureToCig, @function
 cuStreamBeginCaptureToCig:
-    leaq .Lname63(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3016,7 +2998,7 @@ cuStreamBeginCaptureToCig:
     .globl cuStreamBeginCaptureToCig_ptsz
     .type cuStreamBeginCaptureToCig_ptsz, @function
 cuStreamBeginCaptureToCig_ptsz:
-    leaq .Lname64(%rip), %rdi
+    leaq .Lname58(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3049,7 +3031,7 @@ cuStreamBeginCapture_v2_ptsz:
     .globl cuStreamBeginRecaptureToGraph
     .type cuStreamBeginRecaptureToGraph, @function
 cuStreamBeginRecaptureToGraph:
-    leaq .Lname65(%rip), %rdi
+    leaq .Lname59(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3057,7 +3039,7 @@ cuStreamBeginRecaptureToGraph:
     .globl cuStreamBeginRecaptureToGraph_ptsz
     .type cuStreamBeginRecaptureToGraph_ptsz, @function
 cuStreamBeginRecaptureToGraph_ptsz:
-    leaq .Lname66(%rip), %rdi
+    leaq .Lname60(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3630,7 +3612,7 @@ cuUserObjectRetain:
     .globl cuWaitExternalSemaphoresAsync
     .type cuWaitExternalSemaphoresAsync, @function
 cuWaitExternalSemaphoresAsync:
-    leaq .Lname67(%rip), %rdi
+    leaq .Lname61(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3638,7 +3620,7 @@ cuWaitExternalSemaphoresAsync:
     .globl cuWaitExternalSemaphoresAsync_ptsz
     .type cuWaitExternalSemaphoresAsync_ptsz, @function
 cuWaitExternalSemaphoresAsync_ptsz:
-    leaq .Lname68(%rip), %rdi
+    leaq .Lname62(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3741,57 +3723,45 @@ dlopen:
 .Lname41:
     .asciz "cuMemAllocPitch"
 .Lname42:
-    .asciz "cuMemExportToShareableHandle"
-.Lname43:
     .asciz "cuMemGetAddressRange"
-.Lname44:
+.Lname43:
     .asciz "cuMemGetHandleForAddressRange"
-.Lname45:
+.Lname44:
     .asciz "cuMemGetLocationInfo"
-.Lname46:
+.Lname45:
     .asciz "cuMemHostGetDevicePointer"
-.Lname47:
-    .asciz "cuMemImportFromShareableHandle"
-.Lname48:
-    .asciz "cuMemPoolExportPointer"
-.Lname49:
-    .asciz "cuMemPoolExportToShareableHandle"
-.Lname50:
-    .asciz "cuMemPoolImportFromShareableHandle"
-.Lname51:
-    .asciz "cuMemPoolImportPointer"
-.Lname52:
+.Lname46:
     .asciz "cuMemcpy2D"
-.Lname53:
+.Lname47:
     .asciz "cuMemcpy2DAsync"
-.Lname54:
+.Lname48:
     .asciz "cuMemcpy2DUnaligned"
-.Lname55:
+.Lname49:
     .asciz "cuMemcpy3D"
-.Lname56:
+.Lname50:
     .asciz "cuMemcpy3DAsync"
-.Lname57:
+.Lname51:
     .asciz "cuMemcpyDtoH"
-.Lname58:
+.Lname52:
     .asciz "cuMemcpyDtoHAsync"
-.Lname59:
+.Lname53:
     .asciz "cuMemcpyHtoD"
-.Lname60:
+.Lname54:
     .asciz "cuMemcpyHtoDAsync"
-.Lname61:
+.Lname55:
     .asciz "cuSignalExternalSemaphoresAsync"
-.Lname62:
+.Lname56:
     .asciz "cuSignalExternalSemaphoresAsync_ptsz"
-.Lname63:
+.Lname57:
     .asciz "cuStreamBeginCaptureToCig"
-.Lname64:
+.Lname58:
     .asciz "cuStreamBeginCaptureToCig_ptsz"
-.Lname65:
+.Lname59:
     .asciz "cuStreamBeginRecaptureToGraph"
-.Lname66:
+.Lname60:
     .asciz "cuStreamBeginRecaptureToGraph_ptsz"
-.Lname67:
+.Lname61:
     .asciz "cuWaitExternalSemaphoresAsync"
-.Lname68:
+.Lname62:
     .asciz "cuWaitExternalSemaphoresAsync_ptsz"
     .section .note.GNU-stack,"",@progbits

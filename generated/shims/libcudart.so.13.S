@@ -1668,18 +1668,12 @@ cudaMemPoolDestroy:
     .globl cudaMemPoolExportPointer
     .type cudaMemPoolExportPointer, @function
 cudaMemPoolExportPointer:
-    leaq .Lname48(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemPoolExportPointer@PLT
     .size cudaMemPoolExportPointer, .-cudaMemPoolExportPointer
     .globl cudaMemPoolExportToShareableHandle
     .type cudaMemPoolExportToShareableHandle, @function
 cudaMemPoolExportToShareableHandle:
-    leaq .Lname49(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemPoolExportToShareableHandle@PLT
     .size cudaMemPoolExportToShareableHandle, .-cudaMemPoolExportToShareableHandle
     .globl cudaMemPoolGetAccess
     .type cudaMemPoolGetAccess, @function
@@ -1694,18 +1688,12 @@ cudaMemPoolGetAttribute:
     .globl cudaMemPoolImportFromShareableHandle
     .type cudaMemPoolImportFromShareableHandle, @function
 cudaMemPoolImportFromShareableHandle:
-    leaq .Lname50(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemPoolImportFromShareableHandle@PLT
     .size cudaMemPoolImportFromShareableHandle, .-cudaMemPoolImportFromShareableHandle
     .globl cudaMemPoolImportPointer
     .type cudaMemPoolImportPointer, @function
 cudaMemPoolImportPointer:
-    leaq .Lname51(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemPoolImportPointer@PLT
     .size cudaMemPoolImportPointer, .-cudaMemPoolImportPointer
     .globl cudaMemPoolSetAccess
     .type cudaMemPoolSetAccess, @function
@@ -2165,7 +2153,7 @@ cudaSetValidDevices:
     .globl cudaSignalExternalSemaphoresAsync
     .type cudaSignalExternalSemaphoresAsync, @function
 cudaSignalExternalSemaphoresAsync:
-    leaq .Lname52(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2173,7 +2161,7 @@ cudaSignalExternalSemaphoresAsync:
     .globl cudaSignalExternalSemaphoresAsync_ptsz
     .type cudaSignalExternalSemaphoresAsync_ptsz, @function
 cudaSignalExternalSemaphoresAsync_ptsz:
-    leaq .Lname53(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2221,7 +2209,7 @@ cudaStreamBeginCapture_ptsz:
     .globl cudaStreamBeginRecaptureToGraph
     .type cudaStreamBeginRecaptureToGraph, @function
 cudaStreamBeginRecaptureToGraph:
-    leaq .Lname54(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2229,7 +2217,7 @@ cudaStreamBeginRecaptureToGraph:
     .globl cudaStreamBeginRecaptureToGraph_ptsz
     .type cudaStreamBeginRecaptureToGraph_ptsz, @function
 cudaStreamBeginRecaptureToGraph_ptsz:
-    leaq .Lname55(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2407,7 +2395,7 @@ cudaStreamWaitEvent_ptsz:
     .globl cudaSubgridCreate
     .type cudaSubgridCreate, @function
 cudaSubgridCreate:
-    leaq .Lname56(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2415,7 +2403,7 @@ cudaSubgridCreate:
     .globl cudaSubgridWorkerGridCreate
     .type cudaSubgridWorkerGridCreate, @function
 cudaSubgridWorkerGridCreate:
-    leaq .Lname57(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2423,7 +2411,7 @@ cudaSubgridWorkerGridCreate:
     .globl cudaSubgridWorksetCreate
     .type cudaSubgridWorksetCreate, @function
 cudaSubgridWorksetCreate:
-    leaq .Lname58(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2451,7 +2439,7 @@ cudaUserObjectRetain:
     .globl cudaVDPAUGetDevice
     .type cudaVDPAUGetDevice, @function
 cudaVDPAUGetDevice:
-    leaq .Lname59(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2459,7 +2447,7 @@ cudaVDPAUGetDevice:
     .globl cudaVDPAUSetVDPAUDevice
     .type cudaVDPAUSetVDPAUDevice, @function
 cudaVDPAUSetVDPAUDevice:
-    leaq .Lname60(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2467,7 +2455,7 @@ cudaVDPAUSetVDPAUDevice:
     .globl cudaWaitExternalSemaphoresAsync
     .type cudaWaitExternalSemaphoresAsync, @function
 cudaWaitExternalSemaphoresAsync:
-    leaq .Lname61(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2475,7 +2463,7 @@ cudaWaitExternalSemaphoresAsync:
     .globl cudaWaitExternalSemaphoresAsync_ptsz
     .type cudaWaitExternalSemaphoresAsync_ptsz, @function
 cudaWaitExternalSemaphoresAsync_ptsz:
-    leaq .Lname62(%rip), %rdi
+    leaq .Lname58(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2578,33 +2566,25 @@ cudaWaitExternalSemaphoresAsync_ptsz:
 .Lname47:
     .asciz "cudaMemGetLocationInfo"
 .Lname48:
-    .asciz "cudaMemPoolExportPointer"
-.Lname49:
-    .asciz "cudaMemPoolExportToShareableHandle"
-.Lname50:
-    .asciz "cudaMemPoolImportFromShareableHandle"
-.Lname51:
-    .asciz "cudaMemPoolImportPointer"
-.Lname52:
     .asciz "cudaSignalExternalSemaphoresAsync"
-.Lname53:
+.Lname49:
     .asciz "cudaSignalExternalSemaphoresAsync_ptsz"
-.Lname54:
+.Lname50:
     .asciz "cudaStreamBeginRecaptureToGraph"
-.Lname55:
+.Lname51:
     .asciz "cudaStreamBeginRecaptureToGraph_ptsz"
-.Lname56:
+.Lname52:
     .asciz "cudaSubgridCreate"
-.Lname57:
+.Lname53:
     .asciz "cudaSubgridWorkerGridCreate"
-.Lname58:
+.Lname54:
     .asciz "cudaSubgridWorksetCreate"
-.Lname59:
+.Lname55:
     .asciz "cudaVDPAUGetDevice"
-.Lname60:
+.Lname56:
     .asciz "cudaVDPAUSetVDPAUDevice"
-.Lname61:
+.Lname57:
     .asciz "cudaWaitExternalSemaphoresAsync"
-.Lname62:
+.Lname58:
     .asciz "cudaWaitExternalSemaphoresAsync_ptsz"
     .section .note.GNU-stack,"",@progbits

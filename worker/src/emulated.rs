@@ -94,7 +94,8 @@ pub struct Emulated {
 struct State {
     allocations: BTreeMap<u64, Vec<u8>>,
     /// Device memory shared by CUDA IPC, by device address: allocations this worker exported
-    /// (their bytes moved here from `allocations`) and handles it opened.
+    /// (their bytes moved here from `allocations`) and handles it opened; and the mapped
+    /// pieces of VMM allocations shared as file descriptors (`vmm::Mapping`).
     shared: BTreeMap<u64, SharedRegion>,
     /// Host memory of the worker the GPU may address (map_host): base → length.
     mapped: BTreeMap<u64, u64>,
@@ -211,7 +212,8 @@ const EVENT_PREFIX: &str = "ev-";
 /// Device memory shared with another process by CUDA IPC: a POSIX shared memory object
 /// mapped into this worker. An exported allocation's bytes move into one this worker makes
 /// (`owner`), which it removes when the memory is freed or the backend goes; an opened handle
-/// maps the exporting worker's object at an address of this emulation.
+/// maps the exporting worker's object at an address of this emulation. A mapped piece of a VMM
+/// allocation in shared memory is a region too, over its allocation's mapping (`borrows`).
 struct SharedRegion {
     /// The mapping's address (a number: a raw pointer would keep the state from being Send).
     ptr: usize,
@@ -222,6 +224,9 @@ struct SharedRegion {
     /// How many opens of the handle are not yet closed (0 for the owner's region): CUDA
     /// counts them, and unmaps the memory on the last close.
     opens: u32,
+    /// For a mapped piece of a VMM allocation (no name, no owner, no opens): the mapping it
+    /// is, its allocation's, which the region keeps alive and never unmaps itself.
+    borrows: Option<std::sync::Arc<vmm::Mapping>>,
 }
 
 impl SharedRegion {
@@ -263,7 +268,8 @@ impl SharedRegion {
             unsafe { libc::shm_unlink(c_name.as_ptr()) };
             return Err(OUT_OF_MEMORY);
         };
-        let mut region = SharedRegion { ptr, len: len as u64, name: name.to_owned(), owner: true, opens: 0 };
+        let mut region =
+            SharedRegion { ptr, len: len as u64, name: name.to_owned(), owner: true, opens: 0, borrows: None };
         region.bytes().copy_from_slice(bytes);
         Ok(region)
     }
@@ -286,20 +292,25 @@ impl SharedRegion {
         };
         // SAFETY: `fd` is the object opened read-write above; `map` closes it.
         let ptr = unsafe { map(fd, len) }?;
-        Some(SharedRegion { ptr, len: len as u64, name: name.to_owned(), owner: false, opens: 1 })
+        Some(SharedRegion { ptr, len: len as u64, name: name.to_owned(), owner: false, opens: 1, borrows: None })
     }
 
     fn bytes(&mut self) -> &mut [u8] {
-        // SAFETY: [ptr, ptr + len) is mapped read-write until the region is dropped, which the
-        // borrow of the region prevents while the slice lives. The other process may write the
-        // same bytes meanwhile, as a GPU's other users may: what a read then sees is as
-        // unspecified as it is with CUDA IPC.
+        // SAFETY: [ptr, ptr + len) is mapped read-write until the region is dropped (a piece's
+        // stays mapped while the region holds its mapping), which the borrow of the region
+        // prevents while the slice lives. The other process may write the same bytes meanwhile,
+        // as a GPU's other users may: what a read then sees is as unspecified as it is with
+        // CUDA IPC.
         unsafe { std::slice::from_raw_parts_mut(self.ptr as *mut u8, self.len as usize) }
     }
 }
 
 impl Drop for SharedRegion {
     fn drop(&mut self) {
+        // A piece's mapping goes with the last holder of it.
+        if self.borrows.is_some() {
+            return;
+        }
         // SAFETY: the mapping is this region's own, and no slice of it outlives the region.
         unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len as usize) };
         if self.owner
@@ -484,7 +495,7 @@ impl Emulated {
     fn ipc_close(&self, addr: u64) -> u64 {
         let mut s = self.state();
         let last = match s.shared.get_mut(&addr) {
-            Some(region) if !region.owner => {
+            Some(region) if !region.owner && region.borrows.is_none() => {
                 region.opens = region.opens.saturating_sub(1);
                 region.opens == 0
             }
@@ -2222,6 +2233,180 @@ mod tests {
         assert_eq!(call(&b, "cuMemcpyDtoH_v2", &[byte.as_mut_ptr() as u64, q + 999, 1]), SUCCESS);
         assert_eq!(byte, [0]);
         assert_eq!(call(&b, "cuIpcCloseMemHandle", &[q]), SUCCESS);
+    }
+
+    /// A CUmemAllocationProp of pinned memory on device 0 that may be exported as
+    /// `handle_types`.
+    fn allocation_prop(handle_types: u32) -> [u32; 8] {
+        use chidori_cuda::consts::{CUmemAllocationType_enum as kind, CUmemLocationType_enum as location};
+        [kind::CU_MEM_ALLOCATION_TYPE_PINNED, handle_types, location::CU_MEM_LOCATION_TYPE_DEVICE, 0, 0, 0, 0, 0]
+    }
+
+    /// A physical allocation of `len` bytes made with `prop`, mapped at a new reserved range
+    /// with access set: (handle, address).
+    fn vmm_map(backend: &Emulated, prop: &[u32; 8], len: u64) -> (u64, u64) {
+        let (mut handle, mut addr) = (0u64, 0u64);
+        let access = [chidori_cuda::consts::CUmemLocationType_enum::CU_MEM_LOCATION_TYPE_DEVICE, 0, 3u32];
+        assert_eq!(call(backend, "cuMemCreate", &[&raw mut handle as u64, len, prop.as_ptr() as u64, 0]), SUCCESS);
+        assert_eq!(call(backend, "cuMemAddressReserve", &[&raw mut addr as u64, len, 0, 0, 0]), SUCCESS);
+        assert_eq!(call(backend, "cuMemMap", &[addr, len, 0, handle, 0]), SUCCESS);
+        assert_eq!(call(backend, "cuMemSetAccess", &[addr, len, access.as_ptr() as u64, 1]), SUCCESS);
+        (handle, addr)
+    }
+
+    /// The free memory cuMemGetInfo_v2 answers.
+    fn free_memory(backend: &Emulated) -> u64 {
+        let (mut free, mut total) = (0u64, 0u64);
+        assert_eq!(call(backend, "cuMemGetInfo_v2", &[&raw mut free as u64, &raw mut total as u64]), SUCCESS);
+        free
+    }
+
+    /// The requestedHandleTypes cuMemGetAllocationPropertiesFromHandle answers for `handle`.
+    fn handle_types(backend: &Emulated, handle: u64) -> u32 {
+        let mut prop = [0u32; 8];
+        assert_eq!(
+            call(backend, "cuMemGetAllocationPropertiesFromHandle", &[prop.as_mut_ptr() as u64, handle]),
+            SUCCESS
+        );
+        prop[1]
+    }
+
+    /// The device and inode of the file open as `fd`.
+    fn file_id(fd: i32) -> (u64, u64) {
+        // SAFETY: a zeroed `stat` is a valid value for fstat to overwrite; `fd` is the test's.
+        unsafe {
+            let mut stat: libc::stat = std::mem::zeroed();
+            assert_eq!(libc::fstat(fd, &mut stat), 0);
+            (stat.st_dev, stat.st_ino)
+        }
+    }
+
+    #[test]
+    fn vmm_allocations_are_shared_between_backends_by_file_descriptors() {
+        use chidori_cuda::consts::CUmemAllocationHandleType_enum as handle_type;
+        const G: u64 = super::vmm::GRANULARITY;
+        const POSIX_FD: u32 = handle_type::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+        let not_supported = super::NOT_SUPPORTED as u64;
+        let (a, b) = (backend(), backend());
+        let (a_free, b_free) = (free_memory(&a), free_memory(&b));
+
+        // The exporter writes through its mapping, then exports: the bytes move into shared
+        // memory, and it still reads them where they were.
+        let (ha, pa) = vmm_map(&a, &allocation_prop(POSIX_FD), G);
+        assert_eq!(handle_types(&a, ha), POSIX_FD);
+        let pattern: Vec<u8> = (0..4096u32).map(|i| (i * 7 % 251) as u8).collect();
+        assert_eq!(call(&a, "cuMemcpyHtoD_v2", &[pa + 1000, pattern.as_ptr() as u64, 4096]), SUCCESS);
+        let export = |handle: u64, kind: u32| {
+            let mut fd = [-1i32; 2];
+            let status = call(&a, "cuMemExportToShareableHandle", &[fd.as_mut_ptr() as u64, handle, kind.into(), 0]);
+            (status, fd[0])
+        };
+        assert_eq!(export(ha, handle_type::CU_MEM_HANDLE_TYPE_WIN32), (not_supported, -1));
+        assert_eq!(export(ha + 1, POSIX_FD), (INVALID_HANDLE, -1));
+        let (status, fd) = export(ha, POSIX_FD);
+        assert_eq!(status, SUCCESS);
+        assert!(fd >= 0);
+        // Each export is a new descriptor of the same object.
+        let (status, again) = export(ha, POSIX_FD);
+        assert_eq!(status, SUCCESS);
+        assert_ne!(again, fd);
+        assert_eq!(file_id(again), file_id(fd));
+        // SAFETY: the descriptor the export gave the test.
+        assert_eq!(unsafe { libc::close(again) }, 0);
+        let mut seen = vec![0u8; 4096];
+        assert_eq!(call(&a, "cuMemcpyDtoH_v2", &[seen.as_mut_ptr() as u64, pa + 1000, 4096]), SUCCESS);
+        assert_eq!(seen, pattern);
+        assert_eq!(range(&a, pa + 5), Ok((pa, G)));
+        assert_eq!(range(&a, pa + G - 1), Ok((pa, G)));
+        assert_eq!(free_memory(&a), a_free - G);
+
+        // The importer maps it (the descriptor closed meanwhile), reads the pattern and writes
+        // bytes the exporter sees, and the other way round.
+        let import = |fd: i32, kind: u32| {
+            let mut handle = 0u64;
+            let status = call(&b, "cuMemImportFromShareableHandle", &[&raw mut handle as u64, fd as u64, kind.into()]);
+            (status, handle)
+        };
+        assert_eq!(import(fd, handle_type::CU_MEM_HANDLE_TYPE_WIN32).0, not_supported);
+        let (status, hb) = import(fd, POSIX_FD);
+        assert_eq!(status, SUCCESS);
+        // SAFETY: the descriptor the export gave the test, which the import left open.
+        assert_eq!(unsafe { libc::close(fd) }, 0);
+        assert_eq!(handle_types(&b, hb), POSIX_FD);
+        let mut pb = 0u64;
+        let access = [chidori_cuda::consts::CUmemLocationType_enum::CU_MEM_LOCATION_TYPE_DEVICE, 0, 3u32];
+        assert_eq!(call(&b, "cuMemAddressReserve", &[&raw mut pb as u64, G, 0, 0, 0]), SUCCESS);
+        assert_eq!(call(&b, "cuMemMap", &[pb, G, 0, hb, 0]), SUCCESS);
+        assert_eq!(call(&b, "cuMemSetAccess", &[pb, G, access.as_ptr() as u64, 1]), SUCCESS);
+        assert_eq!(range(&b, pb + 1), Ok((pb, G)));
+        // The import is the exporter's memory: it uses none of the importer's.
+        assert_eq!(free_memory(&b), b_free);
+        let mut read = vec![0u8; 4096];
+        assert_eq!(call(&b, "cuMemcpyDtoH_v2", &[read.as_mut_ptr() as u64, pb + 1000, 4096]), SUCCESS);
+        assert_eq!(read, pattern);
+        let news = [0xabu8; 100];
+        assert_eq!(call(&b, "cuMemcpyHtoD_v2", &[pb + 3000, news.as_ptr() as u64, 100]), SUCCESS);
+        assert_eq!(call(&a, "cuMemcpyDtoH_v2", &[seen.as_mut_ptr() as u64, pa + 1000, 4096]), SUCCESS);
+        assert_eq!(&seen[2000..2100], &news[..]);
+        assert_eq!(&seen[..2000], &pattern[..2000]);
+        assert_eq!(call(&a, "cuMemsetD8_v2", &[pa + G - 10, 0x5a, 10]), SUCCESS);
+        assert_eq!(call(&b, "cuMemcpyDtoH_v2", &[read.as_mut_ptr() as u64, pb + G - 10, 10]), SUCCESS);
+        assert_eq!(&read[..10], &[0x5a; 10]);
+        // Unmapped and mapped again, the piece still shows the shared bytes.
+        assert_eq!(call(&b, "cuMemUnmap", &[pb, G]), SUCCESS);
+        assert_eq!(range(&b, pb), Err(NOT_FOUND));
+        assert_eq!(call(&b, "cuMemMap", &[pb, G, 0, hb, 0]), SUCCESS);
+        assert_eq!(call(&b, "cuMemcpyDtoH_v2", &[read.as_mut_ptr() as u64, pb + 3000, 100]), SUCCESS);
+        assert_eq!(&read[..100], &news[..]);
+        // A mapped piece is neither freed nor closed nor exported by CUDA IPC.
+        let mut ipc = [0u8; 64];
+        assert_eq!(call(&b, "cuMemFree_v2", &[pb]), INVALID_VALUE);
+        assert_eq!(call(&b, "cuIpcCloseMemHandle", &[pb]), INVALID_VALUE);
+        assert_eq!(call(&a, "cuIpcGetMemHandle", &[ipc.as_mut_ptr() as u64, pa]), INVALID_VALUE);
+
+        // The exporter releases while mapped, then unmaps: its memory is gone, the importer's
+        // mapping stays.
+        assert_eq!(call(&a, "cuMemRelease", &[ha]), SUCCESS);
+        assert_eq!(range(&a, pa), Ok((pa, G)));
+        assert_eq!(call(&a, "cuMemUnmap", &[pa, G]), SUCCESS);
+        assert_eq!(range(&a, pa), Err(NOT_FOUND));
+        assert_eq!(call(&a, "cuMemRelease", &[ha]), INVALID_HANDLE);
+        assert_eq!(call(&a, "cuMemAddressFree", &[pa, G]), SUCCESS);
+        assert_eq!(free_memory(&a), a_free);
+        assert_eq!(call(&b, "cuMemcpyDtoH_v2", &[read.as_mut_ptr() as u64, pb + 1000, 100]), SUCCESS);
+        assert_eq!(&read[..100], &pattern[..100]);
+        assert_eq!(call(&b, "cuMemUnmap", &[pb, G]), SUCCESS);
+        assert_eq!(call(&b, "cuMemRelease", &[hb]), SUCCESS);
+        assert_eq!(call(&b, "cuMemRelease", &[hb]), INVALID_HANDLE);
+        assert_eq!(call(&b, "cuMemAddressFree", &[pb, G]), SUCCESS);
+
+        // Only an exported allocation's descriptor imports: not a closed one, not an empty
+        // file's, not another file's.
+        assert_eq!(import(fd, POSIX_FD).0, INVALID_VALUE);
+        assert_eq!(import(-1, POSIX_FD).0, INVALID_VALUE);
+        let path = std::env::temp_dir().join(format!("chidori-vmm-test-{}", std::process::id()));
+        let empty = std::fs::File::create(&path).expect("a file");
+        assert_eq!(import(std::os::fd::AsRawFd::as_raw_fd(&empty), POSIX_FD).0, INVALID_VALUE);
+        empty.set_len(G).expect("a longer file");
+        assert_eq!(import(std::os::fd::AsRawFd::as_raw_fd(&empty), POSIX_FD).0, INVALID_VALUE);
+        drop(empty);
+        std::fs::remove_file(&path).expect("the file removed");
+
+        // An allocation made without the POSIX descriptor type is not exported, and behaves
+        // as ever: its bytes stay in this worker across an unmap.
+        let (h, p) = vmm_map(&a, &allocation_prop(0), 2 * G);
+        assert_eq!(handle_types(&a, h), 0);
+        assert_eq!(export(h, POSIX_FD), (INVALID_VALUE, -1));
+        assert_eq!(call(&a, "cuMemcpyHtoD_v2", &[p + G, pattern.as_ptr() as u64, 4096]), SUCCESS);
+        assert_eq!(call(&a, "cuMemUnmap", &[p, 2 * G]), SUCCESS);
+        assert_eq!(call(&a, "cuMemMap", &[p, 2 * G, 0, h, 0]), SUCCESS);
+        assert_eq!(call(&a, "cuMemMap", &[p, 2 * G, 0, h, 0]), INVALID_VALUE);
+        assert_eq!(call(&a, "cuMemcpyDtoH_v2", &[seen.as_mut_ptr() as u64, p + G, 4096]), SUCCESS);
+        assert_eq!(seen, pattern);
+        assert_eq!(call(&a, "cuMemRelease", &[h]), SUCCESS);
+        assert_eq!(call(&a, "cuMemUnmap", &[p, 2 * G]), SUCCESS);
+        assert_eq!(call(&a, "cuMemRelease", &[h]), INVALID_HANDLE);
+        assert_eq!(free_memory(&a), a_free);
     }
 
     #[test]

@@ -10,10 +10,21 @@
 //! the supervisor makes for its sessions (mode 0700); an open looks for the file. The
 //! exporting session removes its files when it ends, as its memory goes with it natively.
 //! A session without the directory (one run outside a supervisor) shares nothing.
+//!
+//! Shareable file descriptors (`cuMemExportToShareableHandle`, a memory pool's export) are
+//! the exporting worker's own: it keeps each one under a random token, which is what its
+//! client gets (inside a stand-in descriptor the program can pass on as it would the
+//! driver's); the token is published as a file in the same directory, and an importing
+//! worker fetches the descriptor from the exporter over a Unix socket there (`SCM_RIGHTS`).
 
+use std::collections::HashMap;
 use std::fmt::Write as _;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 
 /// What a handle names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,16 +42,79 @@ impl Kind {
     }
 }
 
+/// The file descriptors a session exported, by token.
+type Kept = Arc<Mutex<HashMap<u64, OwnedFd>>>;
+
 /// The handles this session exported, published for the server's other sessions.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Exports {
     dir: Option<PathBuf>,
     mine: Mutex<Vec<PathBuf>>,
+    fds: Kept,
+    /// The socket other sessions fetch this one's descriptors on, once one is exported.
+    socket: OnceLock<Result<PathBuf, String>>,
 }
+
+/// How long a fetch of another session's descriptor may take.
+const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl Exports {
     pub fn new(dir: Option<PathBuf>) -> Exports {
-        Exports { dir, mine: Mutex::new(Vec::new()) }
+        Exports { dir, mine: Mutex::default(), fds: Kept::default(), socket: OnceLock::new() }
+    }
+
+    fn socket_path(dir: &Path, pid: u32) -> PathBuf {
+        dir.join(format!("fds-{pid}.sock"))
+    }
+
+    fn token_path(dir: &Path, token: u64) -> PathBuf {
+        dir.join(format!("fd-{token:016x}"))
+    }
+
+    /// Keeps `fd`, which this session's library just exported, for the server's other
+    /// sessions: the token that names it.
+    pub fn publish_fd(&self, fd: OwnedFd) -> Result<u64, String> {
+        let Some(dir) = &self.dir else {
+            return Err("this session runs without the server's IPC directory".to_owned());
+        };
+        let socket = self.socket.get_or_init(|| serve_fds(dir, self.fds.clone())).clone()?;
+        let token = random_token().map_err(|e| format!("a token for the descriptor: {e}"))?;
+        lock(&self.fds).insert(token, fd);
+        let path = Self::token_path(dir, token);
+        std::fs::write(&path, std::process::id().to_string())
+            .map_err(|e| format!("publishing the descriptor in {}: {e}", dir.display()))?;
+        let mut mine = lock(&self.mine);
+        mine.push(path);
+        if !mine.contains(&socket) {
+            mine.push(socket);
+        }
+        Ok(token)
+    }
+
+    /// The descriptor a session of this server exported under `token` (a duplicate of it, in
+    /// this process).
+    pub fn fetch_fd(&self, token: u64) -> Result<OwnedFd, String> {
+        let Some(dir) = &self.dir else {
+            return Err("this session runs without the server's IPC directory".to_owned());
+        };
+        let refused = || "the shareable handle was not exported by a running session of this server".to_owned();
+        let owner = std::fs::read_to_string(Self::token_path(dir, token)).map_err(|_| refused())?;
+        let pid: u32 = owner.trim().parse().map_err(|_| refused())?;
+        if pid == std::process::id()
+            && let Some(fd) = lock(&self.fds).get(&token)
+        {
+            return fd.try_clone().map_err(|e| format!("duplicating the descriptor: {e}"));
+        }
+        let mut stream = UnixStream::connect(Self::socket_path(dir, pid))
+            .map_err(|e| format!("reaching the exporting session (pid {pid}): {e}"))?;
+        stream.set_read_timeout(Some(FETCH_TIMEOUT)).ok();
+        stream.set_write_timeout(Some(FETCH_TIMEOUT)).ok();
+        stream.write_all(&token.to_le_bytes()).map_err(|e| format!("asking the exporting session: {e}"))?;
+        match receive_fd(&stream) {
+            Ok(Some(fd)) => Ok(fd),
+            Ok(None) => Err(refused()),
+            Err(e) => Err(format!("receiving the descriptor from the exporting session: {e}")),
+        }
     }
 
     fn path(dir: &Path, kind: Kind, handle: &[u8]) -> PathBuf {
@@ -79,13 +153,117 @@ impl Exports {
         self.dir.as_deref().is_some_and(|dir| Self::path(dir, kind, handle).is_file())
     }
 
-    /// The session ends: its handles are no longer published.
+    /// The session ends: its handles are no longer published, its descriptors closed.
     pub fn withdraw(&self) {
-        let mut mine = self.mine.lock().unwrap_or_else(|p| p.into_inner());
-        for path in mine.drain(..) {
+        for path in lock(&self.mine).drain(..) {
             let _ = std::fs::remove_file(path);
         }
+        lock(&self.fds).clear();
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A token no one can guess (the kernel's random numbers); never 0.
+fn random_token() -> std::io::Result<u64> {
+    let mut bytes = [0u8; 8];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+    Ok(u64::from_le_bytes(bytes).max(1))
+}
+
+/// Listens on this session's socket in `dir`: each connection sends a token and gets the
+/// descriptor kept under it (or a refusal), then ends.
+fn serve_fds(dir: &Path, kept: Kept) -> Result<PathBuf, String> {
+    let path = Exports::socket_path(dir, std::process::id());
+    let _ = std::fs::remove_file(&path);
+    let listener = UnixListener::bind(&path).map_err(|e| format!("listening on {}: {e}", path.display()))?;
+    std::thread::Builder::new()
+        .name("chidori-ipc-fds".to_owned())
+        .spawn(move || {
+            for stream in listener.incoming().flatten() {
+                stream.set_read_timeout(Some(FETCH_TIMEOUT)).ok();
+                stream.set_write_timeout(Some(FETCH_TIMEOUT)).ok();
+                let mut token = [0u8; 8];
+                if (&stream).read_exact(&mut token).is_err() {
+                    continue;
+                }
+                let kept = lock(&kept);
+                let fd = kept.get(&u64::from_le_bytes(token));
+                if let Err(e) = send_fd(&stream, fd) {
+                    tracing::debug!("sending a shared descriptor: {e}");
+                }
+            }
+        })
+        .map_err(|e| format!("starting the descriptor thread: {e}"))?;
+    Ok(path)
+}
+
+/// Sends one byte, 1 with `fd` attached (`SCM_RIGHTS`), 0 without (a refusal).
+fn send_fd(stream: &UnixStream, fd: Option<&OwnedFd>) -> std::io::Result<()> {
+    let byte = [u8::from(fd.is_some())];
+    let mut iov = libc::iovec { iov_base: byte.as_ptr() as *mut libc::c_void, iov_len: 1 };
+    let int = size_of::<libc::c_int>() as u32;
+    // SAFETY: CMSG_SPACE only computes a size.
+    let space = unsafe { libc::CMSG_SPACE(int) } as usize;
+    let mut control = vec![0u8; space];
+    // SAFETY: an all-zero msghdr is a valid empty message.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if let Some(fd) = fd {
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = space as _;
+        // SAFETY: the control buffer holds one header and one int (CMSG_SPACE of it), so the
+        // first header and its data lie inside it.
+        unsafe {
+            let header = libc::CMSG_FIRSTHDR(&msg);
+            (*header).cmsg_level = libc::SOL_SOCKET;
+            (*header).cmsg_type = libc::SCM_RIGHTS;
+            (*header).cmsg_len = libc::CMSG_LEN(int) as _;
+            std::ptr::write_unaligned(libc::CMSG_DATA(header).cast::<libc::c_int>(), fd.as_raw_fd());
+        }
+    }
+    // SAFETY: `msg` points at the iovec and control buffer above, alive for the call.
+    let sent = unsafe { libc::sendmsg(stream.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+    if sent == 1 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
+}
+
+/// Receives what [`send_fd`] sends: Some(descriptor), or None for a refusal.
+fn receive_fd(stream: &UnixStream) -> std::io::Result<Option<OwnedFd>> {
+    let mut byte = [0u8];
+    let mut iov = libc::iovec { iov_base: byte.as_mut_ptr().cast(), iov_len: 1 };
+    let int = size_of::<libc::c_int>() as u32;
+    // SAFETY: CMSG_SPACE only computes a size.
+    let space = unsafe { libc::CMSG_SPACE(int) } as usize;
+    let mut control = vec![0u8; space];
+    // SAFETY: an all-zero msghdr is a valid empty message.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = space as _;
+    // SAFETY: `msg` points at buffers above, alive for the call.
+    let received = unsafe { libc::recvmsg(stream.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+    if received < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if received == 0 {
+        return Err(std::io::ErrorKind::UnexpectedEof.into());
+    }
+    // SAFETY: the kernel filled `msg`'s control buffer; a header it reports lies inside it.
+    let header = unsafe { libc::CMSG_FIRSTHDR(&msg) };
+    // SAFETY: as above; the header is read only where the kernel wrote one.
+    let rights = !header.is_null()
+        && unsafe { (*header).cmsg_level == libc::SOL_SOCKET && (*header).cmsg_type == libc::SCM_RIGHTS };
+    if !rights {
+        return Ok(None);
+    }
+    // SAFETY: an SCM_RIGHTS header carries a descriptor the kernel just installed in this
+    // process, which nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(std::ptr::read_unaligned(libc::CMSG_DATA(header).cast::<libc::c_int>())) };
+    Ok((byte[0] == 1).then_some(fd))
 }
 
 impl Drop for Exports {
@@ -108,6 +286,23 @@ pub fn make_directory() -> std::io::Result<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Seek;
+
+    fn tempfile_with(bytes: &[u8]) -> std::fs::File {
+        let path = std::env::temp_dir().join(format!("chidori-ipc-fd-{}", std::process::id()));
+        let mut file =
+            std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).expect("file");
+        let _ = std::fs::remove_file(&path);
+        file.write_all(bytes).expect("write");
+        file
+    }
+
+    fn read_all(mut file: std::fs::File) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        file.rewind().expect("rewind");
+        file.read_to_end(&mut bytes).expect("read");
+        bytes
+    }
 
     #[test]
     fn a_handle_is_published_until_its_session_ends_and_only_where_there_is_a_directory() {
@@ -123,6 +318,27 @@ mod tests {
         assert!(!opener.published(Kind::Memory, &[8u8; 64]));
         drop(exporter);
         assert!(!opener.published(Kind::Memory, &handle), "gone with the exporting session");
+        // A descriptor: fetched by another session through the exporter's socket, and by the
+        // exporter itself; an unknown token is refused.
+        let exporter = Exports::new(Some(dir.clone()));
+        let mut file = tempfile_with(b"shared bytes");
+        let token = exporter.publish_fd(OwnedFd::from(file.try_clone().expect("clone"))).expect("published");
+        let exporter = Arc::new(exporter);
+        let other = std::thread::spawn({
+            let dir = dir.clone();
+            move || {
+                // A session of another process is another pid: the socket path is the
+                // exporter's either way, so fetching from a thread exercises the transfer.
+                let opener = Exports::new(Some(dir));
+                opener.fetch_fd(token).map(|fd| read_all(std::fs::File::from(fd)))
+            }
+        });
+        assert_eq!(other.join().expect("thread").expect("fetched"), b"shared bytes");
+        assert_eq!(read_all(std::fs::File::from(exporter.fetch_fd(token).expect("own"))), b"shared bytes");
+        assert!(opener.fetch_fd(token ^ 1).is_err(), "no such token");
+        exporter.withdraw();
+        assert!(opener.fetch_fd(token).is_err(), "withdrawn with its session");
+        let _ = file.flush();
         let alone = Exports::new(None);
         assert!(alone.publish(Kind::Memory, &handle).is_err());
         assert!(!alone.published(Kind::Memory, &handle));

@@ -149,9 +149,24 @@ pub enum Effect {
     Close {
         ptr: usize,
     },
-    /// Opens memory of another process by a file descriptor or a pool's export: refused (a
-    /// session sees only its own memory and what another session exported by CUDA IPC).
-    Foreign,
+    /// Exports a shareable file descriptor (a VMM allocation's, a memory pool's) through
+    /// output `out`; only a POSIX descriptor (argument `kind`) travels: the worker keeps it,
+    /// and the client gets the token it is published under instead ([`crate::ipc`]).
+    ExportFd {
+        out: usize,
+        kind: usize,
+    },
+    /// Imports a shareable file descriptor: argument `token` is the token a session of this
+    /// server published it under, replaced by the descriptor fetched from that session.
+    ImportFd {
+        token: usize,
+        kind: usize,
+    },
+    /// A pool's pointer imported (its pool imported by [`Effect::ImportFd`]): memory of
+    /// another session, written through output `out`, the session's until freed.
+    ImportPointer {
+        out: usize,
+    },
     None,
 }
 
@@ -190,7 +205,13 @@ pub fn effect(name: &str) -> Effect {
         }
         "cudaIpcOpenEventHandle" | "cuIpcOpenEventHandle" => Effect::Open { out: 0, handle: 1, kind: Kind::Event },
         "cudaIpcCloseMemHandle" | "cuIpcCloseMemHandle" => Effect::Close { ptr: 0 },
-        "cuMemImportFromShareableHandle" | "cudaMemPoolImportPointer" | "cuMemPoolImportPointer" => Effect::Foreign,
+        "cuMemExportToShareableHandle" | "cudaMemPoolExportToShareableHandle" | "cuMemPoolExportToShareableHandle" => {
+            Effect::ExportFd { out: 0, kind: 2 }
+        }
+        "cuMemImportFromShareableHandle"
+        | "cudaMemPoolImportFromShareableHandle"
+        | "cuMemPoolImportFromShareableHandle" => Effect::ImportFd { token: 1, kind: 2 },
+        "cudaMemPoolImportPointer" | "cuMemPoolImportPointer" => Effect::ImportPointer { out: 0 },
         _ => Effect::None,
     }
 }
@@ -231,7 +252,7 @@ mod tests {
         assert_eq!(effect("cudaFreeAsync"), Effect::Free { ptr: 0 });
         assert_eq!(effect("cudaIpcOpenMemHandle"), Effect::Open { out: 0, handle: 1, kind: Kind::Memory });
         assert_eq!(effect("cuIpcCloseMemHandle"), Effect::Close { ptr: 0 });
-        assert_eq!(effect("cuMemImportFromShareableHandle"), Effect::Foreign);
+        assert_eq!(effect("cuMemImportFromShareableHandle"), Effect::ImportFd { token: 1, kind: 2 });
         assert_eq!(effect("cudaMemcpy"), Effect::None);
         // The specs' extents, per-thread twins included.
         let extents = |f| chidori_cuda::checks::extents(f).collect::<Vec<_>>();

@@ -1025,6 +1025,11 @@ impl codec::Tables for SessionTables<'_> {
 
 /// Whether `[addr, addr + len)` is memory of this session at that address (NULL is left to
 /// the library).
+/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`, and the runtime's
+/// `cudaMemHandleTypePosixFileDescriptor`: the shareable handles that travel between sessions.
+const POSIX_FD: u64 =
+    chidori_cuda::consts::CUmemAllocationHandleType_enum::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR as u64;
+
 /// The size of the memory that CUDA IPC just opened at `base` (`cuMemGetAddressRange`).
 fn opened_size(session: &Session, base: u64) -> Option<u64> {
     let (mut start, mut len) = (0u64, 0u64);
@@ -1167,17 +1172,23 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
     let checks = call_checks::of(desc);
     let effect = checks.effect;
     match effect {
-        Effect::Foreign => {
+        Effect::Export { .. }
+        | Effect::Open { .. }
+        | Effect::ExportFd { .. }
+        | Effect::ImportFd { .. }
+        | Effect::ImportPointer { .. }
+            if !session.ipc.enabled() =>
+        {
+            return fail(desc.codes.not_supported, format!("{}: this session runs without CUDA IPC", desc.name));
+        }
+        Effect::ExportFd { kind, .. } | Effect::ImportFd { kind, .. } if args.get(kind) != Some(&POSIX_FD) => {
             return fail(
                 desc.codes.not_supported,
-                format!(
-                    "{}: a session may not open memory of another process (CUDA IPC handles are supported)",
-                    desc.name
-                ),
+                format!("{}: only POSIX file descriptors travel between sessions", desc.name),
             );
         }
-        Effect::Export { .. } | Effect::Open { .. } if !session.ipc.enabled() => {
-            return fail(desc.codes.not_supported, format!("{}: this session runs without CUDA IPC", desc.name));
+        Effect::ExportFd { out, .. } if lens.get(out).is_none_or(|&len| len == NULL_LEN || len < 8) => {
+            return invalid("the shareable handle's output holds no token".to_owned());
         }
         Effect::Close { ptr } => {
             let base = args.get(ptr).copied().unwrap_or(0);
@@ -1417,6 +1428,19 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
                 "the {} handle was not exported by a running session of this server",
                 if kind == crate::ipc::Kind::Memory { "memory" } else { "event" }
             ));
+        }
+    }
+
+    // A shareable descriptor's token: the descriptor, fetched from the session that exported
+    // it (kept open until the call returns; the library duplicates what it keeps).
+    let mut _imported = None;
+    if let Effect::ImportFd { token, .. } = effect {
+        match session.ipc.fetch_fd(args.get(token).copied().unwrap_or(0)) {
+            Ok(fd) => {
+                raw[token] = std::os::fd::AsRawFd::as_raw_fd(&fd) as u64;
+                _imported = Some(fd);
+            }
+            Err(why) => return invalid(why),
         }
     }
 
@@ -1667,7 +1691,27 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
                     tracing::warn!("{}: {why}; other sessions cannot open it", desc.name);
                 }
             }
-            Effect::Open { out, kind: crate::ipc::Kind::Memory, .. } => {
+            Effect::ExportFd { out, .. } => {
+                if let Some(b) = buffers.get_mut(out).and_then(Option::as_mut) {
+                    let bytes = b.bytes_mut();
+                    let fd = bytes.first_chunk::<4>().copied().map_or(-1, i32::from_le_bytes);
+                    let token = if fd >= 0 {
+                        // SAFETY: the library just made this descriptor for the call; nothing
+                        // else in the worker knows it.
+                        let fd = unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) };
+                        session.ipc.publish_fd(fd).unwrap_or_else(|why| {
+                            tracing::warn!("{}: {why}; other sessions cannot import it", desc.name);
+                            0
+                        })
+                    } else {
+                        0
+                    };
+                    if let Some(word) = bytes.first_chunk_mut::<8>() {
+                        *word = token.to_le_bytes();
+                    }
+                }
+            }
+            Effect::Open { out, kind: crate::ipc::Kind::Memory, .. } | Effect::ImportPointer { out } => {
                 let base = buffers.get(out).and_then(Option::as_ref).and_then(|b| b.bytes().first_chunk::<8>());
                 let base = base.copied().map(u64::from_le_bytes).unwrap_or(0);
                 match opened_size(session, base) {

@@ -103,3 +103,125 @@ pub unsafe fn open_event_raw(ctx: &Ctx, args: &[u64]) -> u64 {
     }
     status
 }
+
+/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR` (the runtime's pool handle type has the same
+/// number): the one shareable handle that travels.
+const POSIX_FD: u64 =
+    chidori_cuda::consts::CUmemAllocationHandleType_enum::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR as u64;
+
+/// What a stand-in descriptor holds first: it names a descriptor the server keeps.
+const STAND_IN_MAGIC: &[u8; 16] = b"chidori ipc fd\0\0";
+
+/// Refused with the library's NOT_SUPPORTED, its reason said once.
+fn not_posix(ctx: &Ctx, kind: u64) -> u64 {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    SAID.call_once(|| {
+        tracing::warn!(
+            "{}: shareable handle type {kind}: only POSIX file descriptors are shared between sessions",
+            ctx.name
+        )
+    });
+    ctx.codes.not_supported as u64
+}
+
+/// A descriptor of this process that stands for the server's: a memory file holding the
+/// token the server kept the real one under. The program passes it on as it would the
+/// driver's (`SCM_RIGHTS`, inheritance) and closes it when it likes.
+fn stand_in(token: u64) -> std::io::Result<i32> {
+    // SAFETY: a NUL-terminated name; no flags (the program's own descriptors are inherited
+    // across exec too).
+    let fd = unsafe { libc::memfd_create(c"chidori-ipc-handle".as_ptr(), 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let mut bytes = [0u8; 24];
+    bytes[..16].copy_from_slice(STAND_IN_MAGIC);
+    bytes[16..].copy_from_slice(&token.to_le_bytes());
+    // SAFETY: `fd` is the file just made; `bytes` is ours.
+    let written = unsafe { libc::pwrite(fd, bytes.as_ptr().cast(), bytes.len(), 0) };
+    if written != bytes.len() as isize {
+        let error = std::io::Error::last_os_error();
+        // SAFETY: the descriptor made above, which nothing else knows.
+        unsafe { libc::close(fd) };
+        return Err(error);
+    }
+    Ok(fd)
+}
+
+/// The token a stand-in descriptor holds; None for any other descriptor.
+fn token_of(fd: i32) -> Option<u64> {
+    let mut bytes = [0u8; 24];
+    // SAFETY: reads into `bytes`; a descriptor of no file fails without harm.
+    let read = unsafe { libc::pread(fd, bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+    if read != bytes.len() as isize || &bytes[..16] != STAND_IN_MAGIC {
+        return None;
+    }
+    bytes[16..].first_chunk::<8>().map(|t| u64::from_le_bytes(*t)).filter(|&t| t != 0)
+}
+
+/// `cuMemExportToShareableHandle`, `cuMemPoolExportToShareableHandle` and
+/// `cudaMemPoolExportToShareableHandle` (`raw_args`: the handle's out-pointer, the
+/// allocation or pool, the handle type, the flags). The server keeps the descriptor; the
+/// program gets a stand-in ([`stand_in`]).
+///
+/// # Safety
+/// The caller's arguments, as the call takes them.
+pub unsafe fn export_fd_raw(ctx: &Ctx, args: &[u64]) -> u64 {
+    let desc = ctx.form(Form::Call);
+    let kind = args.get(2).copied().unwrap_or(0);
+    if kind != POSIX_FD {
+        return not_posix(ctx, kind);
+    }
+    let out = args.first().copied().unwrap_or(0);
+    if out == 0 {
+        return ctx.codes.invalid_value as u64;
+    }
+    let mut token = 0u64;
+    let mut sent = args.to_vec();
+    sent[0] = &raw mut token as u64;
+    // SAFETY: the caller's arguments, the output an 8-byte local.
+    let status = unsafe { crate::runtime::call(desc, &sent) };
+    if status != success(desc) {
+        return status;
+    }
+    let fd = match stand_in(token).map_err(|e| e.to_string()) {
+        Ok(fd) if token != 0 => fd,
+        Ok(fd) => {
+            // SAFETY: the stand-in made above, which nothing else knows.
+            unsafe { libc::close(fd) };
+            tracing::warn!("{}: the server could not keep the descriptor (its log says why)", ctx.name);
+            return ctx.codes.invalid_value as u64;
+        }
+        Err(e) => {
+            tracing::warn!("{}: no descriptor for the program: {e}", ctx.name);
+            return ctx.codes.invalid_value as u64;
+        }
+    };
+    // SAFETY: the caller's int*, non-null.
+    unsafe { std::ptr::write_unaligned(out as *mut i32, fd) };
+    status
+}
+
+/// `cuMemImportFromShareableHandle`, `cuMemPoolImportFromShareableHandle` and
+/// `cudaMemPoolImportFromShareableHandle` (`raw_args`: the out-pointer, the descriptor as a
+/// pointer-sized value, the handle type, the flags where the call takes them): a stand-in
+/// descriptor's token goes to the server, which fetches the descriptor it names.
+///
+/// # Safety
+/// The caller's arguments, as the call takes them.
+pub unsafe fn import_fd_raw(ctx: &Ctx, args: &[u64]) -> u64 {
+    let desc = ctx.form(Form::Call);
+    let kind = args.get(2).copied().unwrap_or(0);
+    if kind != POSIX_FD {
+        return not_posix(ctx, kind);
+    }
+    let fd = args.get(1).copied().unwrap_or(0) as i32;
+    let Some(token) = token_of(fd) else {
+        tracing::warn!("{}: descriptor {fd} is not one a process of this program exported through Chidori", ctx.name);
+        return ctx.codes.invalid_value as u64;
+    };
+    let mut sent = args.to_vec();
+    sent[1] = token;
+    // SAFETY: the caller's arguments, the descriptor replaced by a value.
+    unsafe { crate::runtime::call(desc, &sent) }
+}

@@ -1340,6 +1340,19 @@ pub static STRUCTS: &[StructMap] = &[
         ],
     },
     StructMap {
+        name: "CUmemPoolPtrExportData_st",
+        size: 64u32,
+        union: false,
+        fields: &[
+            FieldMap {
+                name: "reserved",
+                offset: 0u32,
+                size: 64u32,
+                ty: "[u8; 64]",
+            },
+        ],
+    },
+    StructMap {
         name: "CUpti_ActivityEnvironment",
         size: 40u32,
         union: false,
@@ -2994,6 +3007,19 @@ pub static STRUCTS: &[StructMap] = &[
             FieldMap {
                 name: "reserved",
                 offset: 24u32,
+                size: 64u32,
+                ty: "[u8; 64]",
+            },
+        ],
+    },
+    StructMap {
+        name: "cudaMemPoolPtrExportData",
+        size: 64u32,
+        union: false,
+        fields: &[
+            FieldMap {
+                name: "reserved",
+                offset: 0u32,
                 size: 64u32,
                 ty: "[u8; 64]",
             },

@@ -1408,6 +1408,19 @@ pub static STRUCTS: &[StructMap] = &[
         ],
     },
     StructMap {
+        name: "CUmemPoolPtrExportData_st",
+        size: 64u32,
+        union: false,
+        fields: &[
+            FieldMap {
+                name: "reserved",
+                offset: 0u32,
+                size: 64u32,
+                ty: "[u8; 64]",
+            },
+        ],
+    },
+    StructMap {
         name: "CUmulticastObjectProp_st",
         size: 32u32,
         union: false,
@@ -3306,6 +3319,19 @@ pub static STRUCTS: &[StructMap] = &[
             FieldMap {
                 name: "reserved",
                 offset: 24u32,
+                size: 64u32,
+                ty: "[u8; 64]",
+            },
+        ],
+    },
+    StructMap {
+        name: "cudaMemPoolPtrExportData",
+        size: 64u32,
+        union: false,
+        fields: &[
+            FieldMap {
+                name: "reserved",
+                offset: 0u32,
                 size: 64u32,
                 ty: "[u8; 64]",
             },

@@ -1800,6 +1800,19 @@ pub static STRUCTS: &[StructMap] = &[
         ],
     },
     StructMap {
+        name: "CUmemPoolPtrExportData_st",
+        size: 64u32,
+        union: false,
+        fields: &[
+            FieldMap {
+                name: "reserved",
+                offset: 0u32,
+                size: 64u32,
+                ty: "[u8; 64]",
+            },
+        ],
+    },
+    StructMap {
         name: "CUmulticastObjectProp_st",
         size: 32u32,
         union: false,
@@ -3998,6 +4011,19 @@ pub static STRUCTS: &[StructMap] = &[
                 offset: 34u32,
                 size: 54u32,
                 ty: "[u8; 54]",
+            },
+        ],
+    },
+    StructMap {
+        name: "cudaMemPoolPtrExportData",
+        size: 64u32,
+        union: false,
+        fields: &[
+            FieldMap {
+                name: "reserved",
+                offset: 0u32,
+                size: 64u32,
+                ty: "[u8; 64]",
             },
         ],
     },

@@ -2324,6 +2324,19 @@ pub static STRUCTS: &[StructMap] = &[
         ],
     },
     StructMap {
+        name: "CUmemPoolPtrExportData_st",
+        size: 64u32,
+        union: false,
+        fields: &[
+            FieldMap {
+                name: "reserved",
+                offset: 0u32,
+                size: 64u32,
+                ty: "[u8; 64]",
+            },
+        ],
+    },
+    StructMap {
         name: "CUmemcpy3DOperand_st",
         size: 40u32,
         union: false,
@@ -4895,6 +4908,19 @@ pub static STRUCTS: &[StructMap] = &[
                 offset: 34u32,
                 size: 54u32,
                 ty: "[u8; 54]",
+            },
+        ],
+    },
+    StructMap {
+        name: "cudaMemPoolPtrExportData",
+        size: 64u32,
+        union: false,
+        fields: &[
+            FieldMap {
+                name: "reserved",
+                offset: 0u32,
+                size: 64u32,
+                ty: "[u8; 64]",
             },
         ],
     },

@@ -2524,6 +2524,19 @@ pub static STRUCTS: &[StructMap] = &[
         ],
     },
     StructMap {
+        name: "CUmemPoolPtrExportData_st",
+        size: 64u32,
+        union: false,
+        fields: &[
+            FieldMap {
+                name: "reserved",
+                offset: 0u32,
+                size: 64u32,
+                ty: "[u8; 64]",
+            },
+        ],
+    },
+    StructMap {
         name: "CUmemcpy3DOperand_st",
         size: 40u32,
         union: false,
@@ -4925,6 +4938,19 @@ pub static STRUCTS: &[StructMap] = &[
                 offset: 87u32,
                 size: 1u32,
                 ty: "u8",
+            },
+        ],
+    },
+    StructMap {
+        name: "cudaMemPoolPtrExportData",
+        size: 64u32,
+        union: false,
+        fields: &[
+            FieldMap {
+                name: "reserved",
+                offset: 0u32,
+                size: 64u32,
+                ty: "[u8; 64]",
             },
         ],
     },
