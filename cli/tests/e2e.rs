@@ -6223,6 +6223,13 @@ static int child(const char *path) {
   for (int i = 0; i < N; i++) EXPECT(h[i] == (unsigned char)(i * 7));
   for (int i = 0; i < N; i++) h[i] = (unsigned char)(255 - i);
   CHECK(cudaMemcpy(d, h, N, cudaMemcpyDefault));
+  /* Opened again: the same address, which stays until its last close. */
+  unsigned char *again = NULL;
+  CHECK(cudaIpcOpenMemHandle((void **)&again, mem, cudaIpcMemLazyEnablePeerAccess));
+  EXPECT(again == d);
+  CHECK(cudaIpcCloseMemHandle(again));
+  CHECK(cudaMemcpy(h, d, 16, cudaMemcpyDefault));
+  EXPECT(h[1] == 254);
   cudaEvent_t e;
   CHECK(cudaIpcOpenEventHandle(&e, ev));
   CHECK(cudaEventRecord(e, 0));

@@ -42,6 +42,8 @@ pub struct Memory {
     pub used: u64,
     /// Most bytes the allocation calls may hold at once (None: no quota).
     pub quota: Option<u64>,
+    /// Memory opened by CUDA IPC more than once: base → opens not yet closed.
+    opens: std::collections::HashMap<u64, u32>,
 }
 
 impl Memory {
@@ -87,6 +89,27 @@ impl Memory {
     /// Where the range starting exactly at `base` came from (None: no range starts there).
     pub fn origin_at(&self, base: u64) -> Option<Origin> {
         self.ranges.get(&base).map(|&(_, origin)| origin)
+    }
+
+    /// Memory opened by CUDA IPC at `base` once more (an open of a handle the session holds
+    /// open already answers the same address; each open is closed once).
+    pub fn opened(&mut self, base: u64, len: u64) {
+        if self.origin_at(base) == Some(Origin::Opened) {
+            *self.opens.entry(base).or_insert(1) += 1;
+        } else {
+            self.insert(base, len, Origin::Opened);
+        }
+    }
+
+    /// One close of the memory opened at `base`: forgotten at its last.
+    pub fn closed(&mut self, base: u64) {
+        match self.opens.get_mut(&base) {
+            Some(count) if *count > 2 => *count -= 1,
+            Some(_) => {
+                self.opens.remove(&base);
+            }
+            None => self.remove(base),
+        }
     }
 
     /// Forget the range starting at `base` (a free); its bytes leave the quota.
@@ -243,6 +266,18 @@ mod tests {
         m.remove(0x1000);
         assert!(!m.contains(0x1000, 1));
         assert_eq!(m.used, 0);
+    }
+
+    #[test]
+    fn memory_opened_twice_stays_until_closed_twice() {
+        let mut memory = Memory::new(None);
+        memory.opened(0x1000, 64);
+        memory.opened(0x1000, 64);
+        memory.closed(0x1000);
+        assert!(memory.contains(0x1000, 64), "one open is left");
+        memory.closed(0x1000);
+        assert!(!memory.contains(0x1000, 1));
+        assert_eq!(memory.used, 0, "opened memory is the exporter's to count");
     }
 
     #[test]

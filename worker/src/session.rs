@@ -1682,9 +1682,8 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
                 };
                 lock(&session.memory).insert(base, bytes, origin);
             }
-            Effect::Free { ptr } | Effect::Close { ptr } => {
-                lock(&session.memory).remove(args.get(ptr).copied().unwrap_or(0))
-            }
+            Effect::Free { ptr } => lock(&session.memory).remove(args.get(ptr).copied().unwrap_or(0)),
+            Effect::Close { ptr } => lock(&session.memory).closed(args.get(ptr).copied().unwrap_or(0)),
             Effect::Export { out, kind } => {
                 let handle = buffers.get(out).and_then(Option::as_ref).map(|b| b.bytes()).unwrap_or(&[]);
                 if let Err(why) = session.ipc.publish(kind, handle) {
@@ -1715,7 +1714,7 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
                 let base = buffers.get(out).and_then(Option::as_ref).and_then(|b| b.bytes().first_chunk::<8>());
                 let base = base.copied().map(u64::from_le_bytes).unwrap_or(0);
                 match opened_size(session, base) {
-                    Some(len) => lock(&session.memory).insert(base, len, Origin::Opened),
+                    Some(len) => lock(&session.memory).opened(base, len),
                     None => tracing::warn!("{}: the size of the memory opened at {base:#x} is unknown", desc.name),
                 }
             }

@@ -62,6 +62,7 @@ pub unsafe fn open_memory_raw(ctx: &Ctx, args: &[u64]) -> u64 {
     // SAFETY: two locals for the outputs, a device address by value.
     let asked = unsafe { crate::runtime::call(&chidori_cuda::calls::driver::cuMemGetAddressRange_v2__call, &range) };
     if asked == 0 && start == base && len > 0 {
+        *lock_opens().entry(base).or_insert(0) += 1;
         state::add(base, len, Memory::Device { device: state::current_device() });
     } else {
         tracing::warn!("{}: the size of the memory opened at {base:#x} is unknown (status {asked})", ctx.name);
@@ -80,9 +81,24 @@ pub unsafe fn close_memory_raw(ctx: &Ctx, args: &[u64]) -> u64 {
     if status == success(desc)
         && let Some(&base) = args.first()
     {
-        state::remove(base);
+        let mut opens = lock_opens();
+        match opens.get_mut(&base) {
+            Some(count) if *count > 1 => *count -= 1,
+            _ => {
+                opens.remove(&base);
+                state::remove(base);
+            }
+        }
     }
     status
+}
+
+/// Opens of each base not yet closed: an open of a handle the process holds open already
+/// answers the same address, and the memory stays until its last close.
+fn lock_opens() -> std::sync::MutexGuard<'static, std::collections::BTreeMap<u64, u32>> {
+    static OPENS: std::sync::Mutex<std::collections::BTreeMap<u64, u32>> =
+        std::sync::Mutex::new(std::collections::BTreeMap::new());
+    OPENS.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// `cudaIpcOpenEventHandle` and `cuIpcOpenEventHandle` (`raw_args`: the out-pointer, the
