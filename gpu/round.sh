@@ -645,7 +645,7 @@ fi
 if want libs; then
   # Libraries beyond PyTorch (gpu/libs/*_smoke.py, or $LIBS): each natively, then through
   # chidori on loopback; the printed values must be equal.
-  for script in ${LIBS:-gpu/libs/jax_smoke.py gpu/libs/cupy_smoke.py gpu/libs/nvml_smoke.py gpu/libs/numba_smoke.py gpu/libs/cuda_python_smoke.py gpu/libs/torch_sparse_smoke.py gpu/libs/torch_ctc_smoke.py gpu/libs/torch_expandable_smoke.py gpu/libs/torch_profiler_smoke.py gpu/libs/torch_cudnn_benchmark_smoke.py gpu/libs/torch_ipc_smoke.py}; do
+  for script in ${LIBS:-gpu/libs/jax_smoke.py gpu/libs/cupy_smoke.py gpu/libs/nvml_smoke.py gpu/libs/numba_smoke.py gpu/libs/cuda_python_smoke.py gpu/libs/torch_sparse_smoke.py gpu/libs/torch_ctc_smoke.py gpu/libs/torch_expandable_smoke.py gpu/libs/torch_profiler_smoke.py gpu/libs/torch_cudnn_benchmark_smoke.py gpu/libs/torch_ipc_smoke.py gpu/libs/torch_ipc_expandable_smoke.py}; do
     name=$(basename "$script" .py)
     # -X faulthandler: a crash prints the Python stack it happened under.
     timeout ${RUN_TIMEOUT:-150} python3 -X faulthandler "$script" > "$LOGS/$name-native.out" \
