@@ -1023,8 +1023,6 @@ impl codec::Tables for SessionTables<'_> {
     }
 }
 
-/// Whether `[addr, addr + len)` is memory of this session at that address (NULL is left to
-/// the library).
 /// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`, and the runtime's
 /// `cudaMemHandleTypePosixFileDescriptor`: the shareable handles that travel between sessions.
 const POSIX_FD: u64 =
@@ -1041,6 +1039,8 @@ fn opened_size(session: &Session, base: u64) -> Option<u64> {
     (status == Ok(0) && start == base && len > 0).then_some(len)
 }
 
+/// Whether `[addr, addr + len)` is memory of this session at that address (NULL is left to
+/// the library).
 fn device_ok(session: &Session, addr: u64, len: u64) -> bool {
     addr == 0 || lock(&session.memory).contains(addr, len) || lock(&session.mirrors).contains(addr, len)
 }

@@ -40,7 +40,8 @@ pub unsafe fn get_memory_handle_raw(ctx: &Ctx, args: &[u64]) -> u64 {
 }
 
 /// `cudaIpcOpenMemHandle`, `cuIpcOpenMemHandle` and `cuIpcOpenMemHandle_v2` (`raw_args`: the
-/// out-pointer, the handle's address, the flags).
+/// out-pointer, the handle's address, the flags), and the pools' `cudaMemPoolImportPointer`
+/// and `cuMemPoolImportPointer` (the out-pointer, the pool, the export data).
 ///
 /// # Safety
 /// The caller's arguments, as the call takes them.
@@ -62,7 +63,10 @@ pub unsafe fn open_memory_raw(ctx: &Ctx, args: &[u64]) -> u64 {
     // SAFETY: two locals for the outputs, a device address by value.
     let asked = unsafe { crate::runtime::call(&chidori_cuda::calls::driver::cuMemGetAddressRange_v2__call, &range) };
     if asked == 0 && start == base && len > 0 {
-        *lock_opens().entry(base).or_insert(0) += 1;
+        // A pool's pointer goes with a free, not a close: not counted.
+        if !ctx.name.contains("ImportPointer") {
+            *lock_opens().entry(base).or_insert(0) += 1;
+        }
         state::add(base, len, Memory::Device { device: state::current_device() });
     } else {
         tracing::warn!("{}: the size of the memory opened at {base:#x} is unknown (status {asked})", ctx.name);
