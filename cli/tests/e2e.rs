@@ -3296,6 +3296,14 @@ int main(void) {
   n = 0;
   CHECK(cudaGraphGetNodes(cg, NULL, &n));
   EXPECT(n == 2);
+  /* Ended without an out-pointer, as NVIDIA's graphConditionalNodes does: the program holds
+     the graph already. */
+  CHECK(cudaStreamBeginCaptureToGraph(s, cg, NULL, NULL, 0, cudaStreamCaptureModeGlobal));
+  CHECK(cudaMemsetAsync(b, 0, 16, s));
+  CHECK(cudaStreamEndCapture(s, NULL));
+  n = 0;
+  CHECK(cudaGraphGetNodes(cg, NULL, &n));
+  EXPECT(n == 3);
 
   /* The graph as dot text, written by the client to its path. */
   CHECK(cudaGraphDebugDotPrint(g, "graph.dot", 0));
