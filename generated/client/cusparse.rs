@@ -12178,7 +12178,7 @@ pub unsafe extern "C" fn __chidori_cusparse_cusparseSpMV_preprocess(
         ) as u32
     }
 }
-///`cusparseSpMatGetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
+///`cusparseSpMatGetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cusparse_cusparseSpMatGetAttribute(
     spMatDescr: *mut c_void,

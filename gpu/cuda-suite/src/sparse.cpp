@@ -119,6 +119,14 @@ void descriptors(cusparseHandle_t handle, const Csr& a, Report& report) {
   cusparseSpMatDescr_t csr = nullptr;
   SPARSE(cusparseCreateCsr(&csr, n, n, nnz, d_row_ptr, d_col_ind, d_val, CUSPARSE_INDEX_32I, CUSPARSE_INDEX_32I,
                            CUSPARSE_INDEX_BASE_ZERO, CUDA_R_64F));
+  // Attributes are host values (conjugateGradientPrecond sets the fill mode so).
+  cusparseFillMode_t fill = CUSPARSE_FILL_MODE_LOWER, fill_back = CUSPARSE_FILL_MODE_UPPER;
+  SPARSE(cusparseSpMatSetAttribute(csr, CUSPARSE_SPMAT_FILL_MODE, &fill, sizeof fill));
+  SPARSE(cusparseSpMatGetAttribute(csr, CUSPARSE_SPMAT_FILL_MODE, &fill_back, sizeof fill_back));
+  if (fill_back != CUSPARSE_FILL_MODE_LOWER) {
+    fprintf(stderr, "fill mode read back as %d\n", (int)fill_back);
+    exit(1);
+  }
   int64_t rows = 0, cols = 0, count = 0;
   void *row_ptr = nullptr, *col_ind = nullptr, *values = nullptr;
   cusparseIndexType_t row_type = CUSPARSE_INDEX_64I, col_type = CUSPARSE_INDEX_64I;
