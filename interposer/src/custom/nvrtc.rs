@@ -180,11 +180,74 @@ pub unsafe fn nvrtcCompileProgram(prog: *mut c_void, numOptions: i32, options: *
 
 fn compile(request: &CompileRequest) -> Result<CompileResult, String> {
     let conn = crate::conn::get()?;
-    match conn.service(&Service::Compile(request.clone()), &[])? {
+    let mut request = request.clone();
+    let found = local_headers(&request, std::path::Path::new("."));
+    request.headers.extend(found);
+    match conn.service(&Service::Compile(request), &[])? {
         ServiceReply::Compiled(r) => Ok(r),
         ServiceReply::Error { message, .. } => Err(format!("the server cannot compile: {message}")),
         other => Err(format!("unexpected answer {other:?}")),
     }
+}
+
+/// Most bytes of the program's own header files sent with one compile.
+const LOCAL_HEADER_BYTES: usize = 32 << 20;
+
+/// The header files the program's source includes from the client's file system, which the
+/// server's NVRTC cannot see: `#include "…"` found beside the including file, beside the
+/// program's name (NVRTC's current directory, relative to `cwd`) or in an `-I` /
+/// `--include-path` directory of the options, and `#include <…>` found in those
+/// directories, followed into what they include. Each goes as a header of the program
+/// under the name the source wrote, as NVRTC matches them; headers the program supplied
+/// itself come first and are not read. NVRTC's own and the server's CUDA headers are the
+/// server's, as ever.
+fn local_headers(request: &CompileRequest, cwd: &std::path::Path) -> Vec<(String, String)> {
+    use std::path::{Path, PathBuf};
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    let mut options = request.options.iter();
+    while let Some(option) = options.next() {
+        let dir = match option.as_str() {
+            "-I" | "--include-path" => options.next().cloned(),
+            o => o.strip_prefix("--include-path=").or_else(|| o.strip_prefix("-I")).map(str::to_owned),
+        };
+        if let Some(dir) = dir.filter(|d| !d.is_empty()) {
+            dirs.push(cwd.join(dir));
+        }
+    }
+    let base = request.name.as_deref().and_then(|n| Path::new(n).parent()).map_or(cwd.to_path_buf(), |d| cwd.join(d));
+    let mut found: Vec<(String, String)> = Vec::new();
+    let mut bytes = 0usize;
+    // (text, the directory it is in) still to look through.
+    let mut pending = vec![(request.source.clone(), base.clone())];
+    while let Some((text, here)) = pending.pop() {
+        for line in text.lines() {
+            let Some(rest) = line.trim_start().strip_prefix('#') else { continue };
+            let Some(rest) = rest.trim_start().strip_prefix("include") else { continue };
+            let rest = rest.trim_start();
+            let (quoted, close) = match rest.chars().next() {
+                Some('"') => (true, '"'),
+                Some('<') => (false, '>'),
+                _ => continue,
+            };
+            let Some(name) = rest[1..].split(close).next().filter(|n| !n.is_empty()) else { continue };
+            let known = |n: &str| request.headers.iter().chain(found.iter()).any(|(h, _)| h == n);
+            if known(name) {
+                continue;
+            }
+            let candidates =
+                quoted.then(|| [here.clone(), base.clone()]).into_iter().flatten().chain(dirs.iter().cloned());
+            let Some(path) = candidates.map(|d| d.join(name)).find(|p| p.is_file()) else { continue };
+            let Ok(contents) = std::fs::read_to_string(&path) else { continue };
+            if bytes + contents.len() > LOCAL_HEADER_BYTES {
+                continue;
+            }
+            bytes += contents.len();
+            let dir = path.parent().map_or(here.clone(), Path::to_path_buf);
+            found.push((name.to_owned(), contents.clone()));
+            pending.push((contents, dir));
+        }
+    }
+    found
 }
 
 /// Which output of a compiled program.
@@ -343,6 +406,31 @@ pub unsafe fn nvrtcGetSupportedArchs(supportedArchs: *mut c_void) -> u32 {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn headers_the_source_includes_from_the_clients_files_go_with_the_compile() {
+        let dir = std::env::temp_dir().join(format!("chidori-nvrtc-headers-{}", std::process::id()));
+        let include = dir.join("include");
+        std::fs::create_dir_all(include.join("sub")).unwrap();
+        std::fs::write(dir.join("common.h"), "#include \"nested.h\"\n#define A 1\n").unwrap();
+        std::fs::write(dir.join("nested.h"), "#define B 2\n").unwrap();
+        std::fs::write(include.join("sub/lib.h"), "#define C 3\n").unwrap();
+        let request = CompileRequest {
+            source: "#include \"common.h\"\n#include <sub/lib.h>\n#include <cuda_fp16.h>\n#include \"given.h\"\n"
+                .to_owned(),
+            name: Some("./kernel.cu".to_owned()),
+            headers: vec![("given.h".to_owned(), "#define D 4\n".to_owned())],
+            options: vec!["--gpu-architecture=sm_90".to_owned(), "-I".to_owned(), "include".to_owned()],
+            name_expressions: Vec::new(),
+        };
+        let mut found = local_headers(&request, &dir);
+        found.sort();
+        let names: Vec<&str> = found.iter().map(|(n, _)| n.as_str()).collect();
+        // Not cuda_fp16.h (no such file here: NVRTC's own), not the header supplied.
+        assert_eq!(names, ["common.h", "nested.h", "sub/lib.h"]);
+        assert_eq!(found[1].1, "#define B 2\n");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
     use super::*;
 
     fn program(src: &str) -> u64 {
