@@ -6397,3 +6397,49 @@ fn processes_share_virtual_memory_by_file_descriptors() {
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success() && stdout.contains("child OK") && stdout.contains("parent OK"), "{stdout}\n{stderr}");
 }
+
+/// A graph captured with a copy into a stack variable (NVIDIA's conjugateGradientCudaGraphs):
+/// the variable keeps the program's value until the graph runs, then holds the GPU's.
+const CAPTURED_STACK_RESULT: &str = r#"
+#include <cuda_runtime_api.h>
+int main(void) {
+  float *d;
+  CHECK(cudaMalloc((void **)&d, sizeof(float)));
+  float seven = 7.0f;
+  CHECK(cudaMemcpy(d, &seven, sizeof seven, cudaMemcpyHostToDevice));
+  cudaStream_t s, other;
+  CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  CHECK(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
+  float r1 = 0.0f;
+  CHECK(cudaMemcpyAsync(&r1, d, sizeof(float), cudaMemcpyDeviceToHost, s));
+  CHECK(cudaStreamSynchronize(s));
+  EXPECT(r1 == 7.0f);
+  cudaGraph_t g;
+  cudaGraphExec_t x;
+  CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  CHECK(cudaMemsetAsync(d, 0, sizeof(float), s));
+  CHECK(cudaMemcpyAsync(&r1, d, sizeof(float), cudaMemcpyDeviceToHost, s));
+  CHECK(cudaStreamEndCapture(s, &g));
+  CHECK(cudaGraphInstantiate(&x, g, 0));
+  CHECK(cudaStreamSynchronize(s));
+  EXPECT(r1 == 7.0f);
+  int runs = 0;
+  while (r1 > 1.0f && runs < 3) {
+    CHECK(cudaGraphLaunch(x, other));
+    CHECK(cudaStreamSynchronize(other));
+    runs++;
+  }
+  EXPECT(runs == 1 && r1 == 0.0f);
+  printf("OK\n");
+  return 0;
+}
+"#;
+
+#[test]
+fn a_captured_copy_into_a_stack_variable_lands_when_the_graph_runs() {
+    let server = server();
+    let exe = program("captured-stack-result", &format!("{CHECKS}{CAPTURED_STACK_RESULT}"));
+    let out = run_cmd(&server.address, &exe).output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && stdout.trim() == "OK", "{stdout}\n{stderr}");
+}
