@@ -44,7 +44,7 @@ UNAVAILABLE_LIBRARIES = {"d3d11", "d3d12", "glfw"}
 # The categories of samples that run on Linux x86_64 (7 is libNVVM's own build, 8 is Tegra
 # and Windows).
 CATEGORIES = ("0_", "1_", "2_", "3_", "4_", "5_", "6_")
-CODE_SUFFIXES = {".cu", ".cuh", ".cpp", ".c", ".h", ".hpp", ".inc", ".txt", ".ptx"}
+CODE_SUFFIXES = {".cu", ".cuh", ".cpp", ".c", ".h", ".hpp", ".hxx", ".inc", ".txt", ".ptx"}
 # A data file larger than this stays out of the pack (the device carries 64 MiB in all).
 MAX_DATA_BYTES = 4 << 20
 
@@ -52,6 +52,8 @@ MAX_DATA_BYTES = 4 << 20
 LIBRARY_FLAGS = {
     "CUDA::cuda_driver": ["-lcuda"],
     "CUDA::cudart": [],
+    # CMake's cuSOLVER target brings the libraries cuSOLVER itself calls.
+    "CUDA::cusolver": ["-lcusolver", "-lcusparse", "-lcublas", "-lcublasLt"],
     "CUDA::nvrtc": ["-lnvrtc"],
     "${NVJITLINK_LIB}": ["-lnvJitLink"],
     "CUDA::cufft_static": ["-lcufft_static"],
