@@ -6443,3 +6443,56 @@ fn a_captured_copy_into_a_stack_variable_lands_when_the_graph_runs() {
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success() && stdout.trim() == "OK", "{stdout}\n{stderr}");
 }
+
+/// Contexts moved between threads as NVIDIA's threadMigration moves them: made and popped
+/// (without asking for the popped handle) on the main thread, pushed, used and popped again
+/// on another.
+const CONTEXT_MIGRATION: &str = r#"
+#include <cuda.h>
+#include <pthread.h>
+static CUcontext context;
+static void *worker(void *result) {
+  int *ok = (int *)result;
+  CUcontext current = NULL;
+  if (cuCtxPushCurrent(context) != CUDA_SUCCESS) return NULL;
+  if (cuCtxGetCurrent(&current) != CUDA_SUCCESS || current != context) return NULL;
+  CUdeviceptr p;
+  int value = 41, back = 0;
+  if (cuMemAlloc(&p, sizeof value) != CUDA_SUCCESS) return NULL;
+  if (cuMemcpyHtoD(p, &value, sizeof value) != CUDA_SUCCESS) return NULL;
+  if (cuMemcpyDtoH(&back, p, sizeof back) != CUDA_SUCCESS || back != 41) return NULL;
+  if (cuMemFree(p) != CUDA_SUCCESS) return NULL;
+  if (cuCtxPopCurrent(NULL) != CUDA_SUCCESS) return NULL;
+  *ok = 1;
+  return NULL;
+}
+int main(void) {
+  CUdevice dev;
+  CHECK(cuInit(0));
+  CHECK(cuDeviceGet(&dev, 0));
+  CHECK(cuDevicePrimaryCtxRetain(&context, dev));
+  CHECK(cuCtxPushCurrent(context));
+  CHECK(cuCtxPopCurrent(NULL));
+  pthread_t thread;
+  int ok = 0;
+  EXPECT(pthread_create(&thread, NULL, worker, &ok) == 0 && pthread_join(thread, NULL) == 0);
+  EXPECT(ok == 1);
+  CUcontext popped = NULL;
+  CHECK(cuCtxPushCurrent(context));
+  CHECK(cuCtxPopCurrent(&popped));
+  EXPECT(popped == context);
+  CHECK(cuDevicePrimaryCtxRelease(dev));
+  printf("OK\n");
+  return 0;
+}
+"#;
+
+#[test]
+fn contexts_move_between_threads_and_pop_without_an_out_pointer() {
+    let server = server();
+    let exe =
+        program_with("context-migration", &format!("{CHECKS}{CONTEXT_MIGRATION}"), &["-l:libcuda.so.1", "-lpthread"]);
+    let out = run_cmd(&server.address, &exe).output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && stdout.trim() == "OK", "{stdout}\n{stderr}");
+}

@@ -68,6 +68,8 @@ thread_local! {
     /// The context the calling thread made current (none: the primary context, which the
     /// real worker makes current on each executor thread as it starts).
     static CURRENT_CONTEXT: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
+    /// The contexts each push covered, for its pop.
+    static CONTEXT_STACK: std::cell::RefCell<Vec<Option<u64>>> = const { std::cell::RefCell::new(Vec::new()) };
     /// The calling thread's stream-capture mode (cudaThreadExchangeStreamCaptureMode).
     static CAPTURE_MODE: std::cell::Cell<u32> =
         const { std::cell::Cell::new(cudaStreamCaptureMode::cudaStreamCaptureModeGlobal) };
@@ -1171,10 +1173,26 @@ impl Backend for Emulated {
                     if a[0] != 0 && !self.state().contexts.contains(&a[0]) {
                         INVALID_HANDLE
                     } else {
+                        // A push keeps the context it covers, for the pop.
+                        if desc.name == "cuCtxPushCurrent_v2" {
+                            CONTEXT_STACK.with(|s| s.borrow_mut().push(CURRENT_CONTEXT.get()));
+                        }
                         CURRENT_CONTEXT.set((a[0] != 0).then_some(a[0]));
                         SUCCESS
                     }
                 }
+                ("driver", "cuCtxPopCurrent_v2") => match CURRENT_CONTEXT.get() {
+                    // (CUcontext *pctx): the popped context where asked; the one it covered
+                    // becomes current again.
+                    Some(ctx) => {
+                        if a[0] != 0 {
+                            put_u64(a[0], ctx);
+                        }
+                        CURRENT_CONTEXT.set(CONTEXT_STACK.with(|s| s.borrow_mut().pop()).flatten());
+                        SUCCESS
+                    }
+                    None => u64::from(chidori_cuda::consts::cudaError_enum::CUDA_ERROR_INVALID_CONTEXT),
+                },
                 // As cudaDeviceReset above: the emulation keeps its state.
                 ("driver", "cuDevicePrimaryCtxRelease" | "cuDevicePrimaryCtxRelease_v2") => SUCCESS,
                 ("driver", "cuDevicePrimaryCtxReset" | "cuDevicePrimaryCtxReset_v2") => SUCCESS,
