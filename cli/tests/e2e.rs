@@ -6496,3 +6496,39 @@ fn contexts_move_between_threads_and_pop_without_an_out_pointer() {
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success() && stdout.trim() == "OK", "{stdout}\n{stderr}");
 }
+
+/// A texture over linear memory that reaches past its allocation, as NVIDIA's
+/// convolutionFFT2D makes one (its padded row length): CUDA takes it, so does Chidori; one
+/// that starts outside the session's memory is still refused.
+const TEXTURE_PAST_ITS_ALLOCATION: &str = r#"
+#include <cuda_runtime_api.h>
+int main(void) {
+  float *d;
+  CHECK(cudaMalloc((void **)&d, 4096));
+  struct cudaResourceDesc res;
+  memset(&res, 0, sizeof res);
+  res.resType = cudaResourceTypeLinear;
+  res.res.linear.devPtr = d;
+  res.res.linear.sizeInBytes = 4096 + 256;
+  res.res.linear.desc = cudaCreateChannelDesc(32, 0, 0, 0, cudaChannelFormatKindFloat);
+  struct cudaTextureDesc tex;
+  memset(&tex, 0, sizeof tex);
+  tex.readMode = cudaReadModeElementType;
+  cudaTextureObject_t t = 0;
+  CHECK(cudaCreateTextureObject(&t, &res, &tex, NULL));
+  CHECK(cudaDestroyTextureObject(t));
+  res.res.linear.devPtr = (void *)0x7e00dead0000ull;
+  EXPECT(cudaCreateTextureObject(&t, &res, &tex, NULL) == cudaErrorInvalidValue);
+  printf("OK\n");
+  return 0;
+}
+"#;
+
+#[test]
+fn a_texture_may_reach_past_its_allocation_but_not_start_outside_the_sessions_memory() {
+    let server = server();
+    let exe = program("texture-past", &format!("{CHECKS}{TEXTURE_PAST_ITS_ALLOCATION}"));
+    let out = run_cmd(&server.address, &exe).output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && stdout.trim() == "OK", "{stdout}\n{stderr}");
+}
