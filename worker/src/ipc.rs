@@ -273,14 +273,21 @@ impl Drop for Exports {
 }
 
 /// The directory the supervisor's sessions publish their exports in: new, private to the
-/// server's user, under the system's temporary directory.
+/// server's user, under the system's temporary directory (named by the process and a random
+/// number, so that no other server's, in another process namespace sharing the directory,
+/// is ever taken or removed).
 pub fn make_directory() -> std::io::Result<PathBuf> {
     use std::os::unix::fs::DirBuilderExt;
-    let dir = std::env::temp_dir().join(format!("chidori-ipc-{}", std::process::id()));
-    // A directory left by an earlier server of the same process id holds nothing current.
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
-    Ok(dir)
+    let mut last = std::io::Error::other("no attempt");
+    for _ in 0..8 {
+        let dir = std::env::temp_dir().join(format!("chidori-ipc-{}-{:016x}", std::process::id(), random_token()?));
+        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = e,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last)
 }
 
 #[cfg(test)]
@@ -302,6 +309,15 @@ mod tests {
         file.rewind().expect("rewind");
         file.read_to_end(&mut bytes).expect("read");
         bytes
+    }
+
+    #[test]
+    fn each_server_makes_a_directory_of_its_own_that_only_its_user_can_enter() {
+        use std::os::unix::fs::PermissionsExt;
+        let (a, b) = (make_directory().expect("one"), make_directory().expect("another"));
+        assert_ne!(a, b);
+        assert_eq!(std::fs::metadata(&a).expect("made").permissions().mode() & 0o777, 0o700);
+        let _ = (std::fs::remove_dir(a), std::fs::remove_dir(b));
     }
 
     #[test]
