@@ -51,16 +51,21 @@ pub struct Exports {
     dir: Option<PathBuf>,
     mine: Mutex<Vec<PathBuf>>,
     fds: Kept,
+    /// The tokens of `fds`, oldest first.
+    order: Mutex<std::collections::VecDeque<u64>>,
     /// The socket other sessions fetch this one's descriptors on, once one is exported.
     socket: OnceLock<Result<PathBuf, String>>,
 }
+
+/// Descriptors one session keeps for others at most.
+const MAX_KEPT: usize = 1024;
 
 /// How long a fetch of another session's descriptor may take.
 const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl Exports {
     pub fn new(dir: Option<PathBuf>) -> Exports {
-        Exports { dir, mine: Mutex::default(), fds: Kept::default(), socket: OnceLock::new() }
+        Exports { dir, mine: Mutex::default(), fds: Kept::default(), order: Mutex::default(), socket: OnceLock::new() }
     }
 
     fn socket_path(dir: &Path, pid: u32) -> PathBuf {
@@ -79,7 +84,21 @@ impl Exports {
         };
         let socket = self.socket.get_or_init(|| serve_fds(dir, self.fds.clone())).clone()?;
         let token = random_token().map_err(|e| format!("a token for the descriptor: {e}"))?;
-        lock(&self.fds).insert(token, fd);
+        {
+            // The program's own close of its stand-in is not seen here, so the worker keeps
+            // each descriptor while the session lasts, the oldest closed past a bound (a
+            // descriptor holds its memory).
+            let mut kept = lock(&self.fds);
+            let mut order = lock(&self.order);
+            if order.len() >= MAX_KEPT
+                && let Some(oldest) = order.pop_front()
+            {
+                kept.remove(&oldest);
+                let _ = std::fs::remove_file(Self::token_path(dir, oldest));
+            }
+            kept.insert(token, fd);
+            order.push_back(token);
+        }
         let path = Self::token_path(dir, token);
         std::fs::write(&path, std::process::id().to_string())
             .map_err(|e| format!("publishing the descriptor in {}: {e}", dir.display()))?;
@@ -159,6 +178,7 @@ impl Exports {
             let _ = std::fs::remove_file(path);
         }
         lock(&self.fds).clear();
+        lock(&self.order).clear();
     }
 }
 
@@ -309,6 +329,22 @@ mod tests {
         file.rewind().expect("rewind");
         file.read_to_end(&mut bytes).expect("read");
         bytes
+    }
+
+    #[test]
+    fn a_session_keeps_a_bounded_number_of_descriptors_the_oldest_going_first() {
+        let dir = std::env::temp_dir().join(format!("chidori-ipc-bound-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("directory");
+        let exporter = Exports::new(Some(dir.clone()));
+        let file = tempfile_with(b"x");
+        let tokens: Vec<u64> = (0..=MAX_KEPT)
+            .map(|_| exporter.publish_fd(OwnedFd::from(file.try_clone().expect("clone"))).expect("published"))
+            .collect();
+        assert!(exporter.fetch_fd(tokens[0]).is_err(), "the oldest was closed");
+        assert!(exporter.fetch_fd(tokens[MAX_KEPT]).is_ok());
+        assert_eq!(lock(&exporter.fds).len(), MAX_KEPT);
+        drop(exporter);
+        let _ = std::fs::remove_dir_all(dir);
     }
 
     #[test]
