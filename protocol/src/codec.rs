@@ -475,13 +475,19 @@ pub fn decode<'f>(
                 Arg::Record(bulk.take(i, len)?)
             }
             Wire::OutHandle { kind, named } => {
-                if len == NULL_LEN {
+                // A NULL output reaches the library only where its API takes one (`null_ok`:
+                // cuCtxPopCurrent's popped context, the graph of a capture into an existing
+                // one); no handle is made then.
+                if len == NULL_LEN && tables.null_ok(i) {
+                    Arg::Val(0)
+                } else if len == NULL_LEN {
                     return Err(null("NULL where the new handle is written".into()));
+                } else {
+                    if named && !tables.name_free(kind, a) {
+                        return Err(DecodeError::NameTaken { param: i, kind, value: a });
+                    }
+                    Arg::NewHandle { kind, named }
                 }
-                if named && !tables.name_free(kind, a) {
-                    return Err(DecodeError::NameTaken { param: i, kind, value: a });
-                }
-                Arg::NewHandle { kind, named }
             }
             Wire::Scalar { dir, .. } => {
                 if len == NULL_LEN {

@@ -65,7 +65,8 @@
 //! [function.cudaStreamSetAttribute]
 //! allow = { attr = ["cudaLaunchAttributePriority"] }  # the worker refuses other values
 //! required = ["xDesc"]             # a handle parameter never NULL (its kind may be)
-//! null_ok = ["handle"]             # a handle parameter that may be NULL (its kind may not)
+//! null_ok = ["handle"]             # a handle parameter that may be NULL (its kind may not),
+//!                                  # or an output handle the API takes NULL for
 //! extent = { dst = "count", devPtr = "N * 4", dst2 = "dpitch, width, height" }
 //!                                  # the bytes a device parameter spans (checked whole)
 //! addresses = { dptrs = "sizes", workArea = "" }  # host arrays of device addresses (sizes)

@@ -3751,7 +3751,12 @@ pub fn required(function: &str) -> impl Iterator<Item = u8> + '_ {
 /// (function, parameter index) of handle parameters that may be NULL although
 /// their kind never is (`null_ok` in the specs), sorted.
 pub static NULL_OK: &[(&str, u8)] = &[
+    ("cuCtxPopCurrent_v2", 0u8),
+    ("cuStreamEndCapture", 1u8),
+    ("cuStreamEndCapture_ptsz", 1u8),
     ("cublasGetVersion_v2", 0u8),
+    ("cudaStreamEndCapture", 1u8),
+    ("cudaStreamEndCapture_ptsz", 1u8),
     ("ncclCommAbort", 0u8),
     ("ncclCommDestroy", 0u8),
 ];

@@ -148,17 +148,8 @@ fn end(name: &'static str, desc: &'static CallDesc, args: &[u64], ptsz: bool, ru
         let sent_before = conn.sent_so_far();
         // Without a graph out-pointer there is no graph for the program to ask about.
         let question = (args[1] != 0).then_some(messages::Service::GraphList(GraphList::Ended { stream }));
-        // A capture into the program's own graph may end without an out-pointer (CUDA's
-        // samples pass NULL); the worker writes every graph handle somewhere, here a local.
-        let into_graph = {
-            let mut into = lock_into_graphs();
-            into.iter().position(|&s| s == stream).map(|i| into.swap_remove(i)).is_some()
-        };
-        let mut unused = 0u64;
-        let sent = if args[1] == 0 && into_graph { [args[0], &raw mut unused as u64] } else { [args[0], args[1]] };
-        // SAFETY: a stream by value and the caller's graph out-pointer (or the local), which
-        // the reply fills.
-        let (status, asked) = unsafe { crate::runtime::call_asking(&conn, desc, &sent, question.as_ref()) };
+        // SAFETY: a stream by value and the caller's graph out-pointer, which the reply fills.
+        let (status, asked) = unsafe { crate::runtime::call_asking(&conn, desc, args, question.as_ref()) };
         let status = status as u32;
         // Ended, successfully or invalidated; a stream that was not capturing is no change.
         captures().ended(stream);
@@ -431,18 +422,7 @@ pub unsafe fn begin_capture_to_graph(
     mode: u32,
 ) -> u32 {
     let args = [stream as u64, graph as u64, deps as u64, data as u64, count as u64, u64::from(mode)];
-    let status = begin(ctx.base_name(), ctx.form(Form::Call), None, &args, ctx.per_thread(), ctx.library == "cudart");
-    if status == SUCCESS {
-        lock_into_graphs().push(per_thread(stream as u64, ctx.per_thread()));
-    }
-    status
-}
-
-/// Streams capturing into a graph the program made (`…BeginCaptureToGraph`): their end
-/// may pass no graph out-pointer (the program holds the graph already).
-fn lock_into_graphs() -> std::sync::MutexGuard<'static, Vec<u64>> {
-    static INTO_GRAPHS: std::sync::Mutex<Vec<u64>> = std::sync::Mutex::new(Vec::new());
-    INTO_GRAPHS.lock().unwrap_or_else(|p| p.into_inner())
+    begin(ctx.base_name(), ctx.form(Form::Call), None, &args, ctx.per_thread(), ctx.library == "cudart")
 }
 
 /// cudaStreamGetCaptureInfo of 11.8 and 12.x (status and id) and its `_ptsz` form.

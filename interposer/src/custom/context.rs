@@ -186,12 +186,7 @@ fn changing(name: &'static str, desc: &'static CallDesc, args: &[u64], runtime: 
 /// cuCtxSetCurrent, cuCtxPushCurrent_v2, cuCtxPopCurrent_v2, cuDevicePrimaryCtxSetFlags(_v2)
 /// and cudaSetDeviceFlags; the client's caches go.
 pub unsafe fn changing_raw(ctx: &Ctx, args: &[u64]) -> u64 {
-    // cuCtxPopCurrent takes a NULL for the popped context (NVIDIA's threadMigration passes
-    // one); the worker writes every context handle somewhere, here a local.
-    let mut unused = 0u64;
-    let pop_without_out = ctx.name.starts_with("cuCtxPopCurrent") && args.first() == Some(&0);
-    let sent = if pop_without_out { vec![&raw mut unused as u64] } else { args.to_vec() };
-    u64::from(changing(ctx.name, ctx.form(Form::Call), &sent, ctx.library == "cudart"))
+    u64::from(changing(ctx.name, ctx.form(Form::Call), args, ctx.library == "cudart"))
 }
 
 pub unsafe fn cuDevicePrimaryCtxGetState(dev: i32, flags: *mut c_void, active: *mut c_void) -> u32 {

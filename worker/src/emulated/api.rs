@@ -1656,7 +1656,10 @@ impl Emulated {
                 }
                 "StreamEndCapture" => match self.state().graphs.end(a[0]) {
                     Some(g) => {
-                        put_u64(a[1], g);
+                        // NULL where the capture was into the program's graph (`null_ok`).
+                        if a[1] != 0 {
+                            put_u64(a[1], g);
+                        }
                         SUCCESS
                     }
                     // The stream was not capturing.
