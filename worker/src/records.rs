@@ -128,6 +128,12 @@ fn push(
     Ok(())
 }
 
+/// Whether only where each span of this record type starts must be the session's memory
+/// (`span_start` in its spec).
+pub fn checks_start_only(record: &str) -> bool {
+    chidori_cuda::checks::SPAN_STARTS.binary_search(&record).is_ok()
+}
+
 /// Whether records of this type name device memory (the types this module reads).
 pub fn names_memory(record: &str) -> bool {
     chidori_cuda::checks::SPANS.binary_search(&record).is_ok()

@@ -1076,11 +1076,9 @@ fn device_at(session: &Session, addr: u64, len: u64) -> Option<u64> {
 /// back to back, in the layout of CUDA `version`) to be the session's, and name each where
 /// the session has it ([`device_at`]). Err: the first span that is not, or a malformed record.
 fn name_where_the_session_has(session: &Session, record: &str, version: &str, bytes: &mut [u8]) -> Result<(), String> {
-    // A texture's or surface's linear memory may reach past its allocation, as CUDA takes it
-    // (NVIDIA's convolutionFFT2D gives its padded row length): its start must be the
-    // session's, and what lies past it is this worker's own address space (the GPU's
-    // per-process address spaces keep sessions apart, as for kernel parameters).
-    let resource = matches!(record, "cudaResourceDesc" | "CUDA_RESOURCE_DESC_st");
+    // Records whose memory CUDA takes reaching past its allocation (a texture's): only
+    // their start must be the session's (`span_start` in the specs).
+    let resource = crate::records::checks_start_only(record);
     crate::records::rename_spans(record, version, bytes, |span| {
         let (addr, len) = (span.start, span.len);
         let at = device_at(session, addr, len)

@@ -780,6 +780,13 @@ impl<'a> Emitter<'a> {
             .flat_map(|l| l.spec.record.iter().filter(|(_, r)| r.spans).map(|(n, _)| n))
             .collect();
         let spans = spans.into_iter().map(|n| lit_str(n));
+        let span_starts: BTreeSet<&String> = self
+            .model
+            .libraries
+            .iter()
+            .flat_map(|l| l.spec.record.iter().filter(|(_, r)| r.spans && r.span_start).map(|(n, _)| n))
+            .collect();
+        let span_starts = span_starts.into_iter().map(|n| lit_str(n));
         rust_file(
             PREAMBLE_ALL,
             "What the worker checks beyond each parameter's wire kind: handles inside input records\n//! and restricted fields (specs' `[record.NAME]`), and the values some parameters may hold\n//! (`allow` of a function).",
@@ -797,6 +804,9 @@ impl<'a> Emitter<'a> {
                 /// Records whose every span of device memory the worker checks as the
                 /// session's (`spans` in their spec; `worker/src/records.rs` reads them), sorted.
                 pub static SPANS: &[&str] = &[#(#spans),*];
+                /// Of [`SPANS`], the records whose spans only start in the session's memory
+                /// (`span_start` in their spec: CUDA takes them reaching past it), sorted.
+                pub static SPAN_STARTS: &[&str] = &[#(#span_starts),*];
                 /// (function, parameter index, the values it may hold), sorted.
                 pub static PARAMS: &[(&str, u8, &[u64])] = &[#(#params),*];
                 /// The entries of `table` (sorted by function name) for `function`: a binary

@@ -77,6 +77,7 @@
 //! allow = { resType = ["cudaResourceTypeArray", "cudaResourceTypeLinear"] }
 //!                                  # "?FIELD": only in versions that have it; "NULL": a null pointer
 //! spans = true                     # the worker checks each span of memory it names (records.rs)
+//! span_start = true                # ... only where each starts (a texture's memory may run past)
 //! unchecked = { "accessPolicyWindow.base_ptr" = "a hint: the driver reads nothing there" }
 //!                                  # every pointer field of a record sent to the server is one
 //!                                  # of these (a handle, allowed, spans, unchecked) or the
@@ -196,6 +197,11 @@ pub struct RecordSpec {
     /// other word here.
     #[serde(default)]
     pub spans: bool,
+    /// With `spans`: only where each span starts must be the session's memory (CUDA takes
+    /// a texture's linear memory reaching past its allocation; past it lies the worker's own
+    /// address space, which the GPU's per-process address spaces keep apart).
+    #[serde(default)]
+    pub span_start: bool,
     /// Field path → why the server's library may be given the field's pointer as the client
     /// sent it (never read for what the call allows, written by the library, ...).
     #[serde(default)]

@@ -3690,6 +3690,9 @@ pub static SPANS: &[&str] = &[
     "cudaMemsetParams",
     "cudaResourceDesc",
 ];
+/// Of [`SPANS`], the records whose spans only start in the session's memory
+/// (`span_start` in their spec: CUDA takes them reaching past it), sorted.
+pub static SPAN_STARTS: &[&str] = &["CUDA_RESOURCE_DESC_st", "cudaResourceDesc"];
 /// (function, parameter index, the values it may hold), sorted.
 pub static PARAMS: &[(&str, u8, &[u64])] = &[
     (
