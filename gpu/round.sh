@@ -78,7 +78,9 @@
 #            here by `python3 gpu/samples/samples.py pack`): built as their CMake files say,
 #            runtime linked statically ($SAMPLES_CUDART=shared: not), native and loopback
 #            compared ($SAMPLES_WAN=1: also at 70 ms; $SAMPLES_ONLY=a,b narrows;
-#            $SAMPLES_TIMEOUT per run, $SAMPLES_PARALLEL at once); a warm machine keeps the build
+#            $SAMPLES_TIMEOUT per run, $SAMPLES_PARALLEL at once; $SAMPLES_LOG: each of
+#            $SAMPLES_LOG_NAMES or $SAMPLES_ONLY again alone, server and client logging at
+#            that filter); a warm machine keeps the build
 #   hostile  every call descriptor with NULL pointers against the real libraries (the worker's
 #            hostile test binary, built by ./dev gpu); $HOSTILE_TIMEOUT, $HOSTILE_STUCK seconds
 #   opinfo   PyTorch's operator database natively and remotely, compared (gpu/opinfo/):
@@ -626,6 +628,30 @@ if want samples; then
   # The samples that do not simply match, and the counts (the whole table is in the logs).
   grep -vE '^[A-Za-z0-9_]+ +[0-9.]+( +match [0-9.]+)+$' "$LOGS/samples.txt" | tail -80
   row "samples ($samples_cudart cudart)" "$(grep -E '^(loopback|wan):' "$LOGS/samples.txt" | tr '\n' ' ') rc=$rc"
+  # SAMPLES_LOG (a CHIDORI_LOG filter, e.g. debug): each of $SAMPLES_LOG_NAMES (default
+  # $SAMPLES_ONLY) once more, alone,
+  # through a server of its own that logs at that level too, with the client's log at it;
+  # the last lines of both here, the whole logs with the logs.
+  log_names=${SAMPLES_LOG_NAMES:-${SAMPLES_ONLY:-}}
+  if [[ -n ${SAMPLES_LOG:-} && -n $log_names ]]; then
+    SLOG_PORT=43217
+    CHIDORI_LOG=$SAMPLES_LOG "$CHIDORI" serve --bind 127.0.0.1 --port $SLOG_PORT --module-cache "$B/samples-log-cache" \
+      > "$LOGS/samples-log-serve.log" 2>&1 &
+    SLOG_PID=$!
+    sleep 1
+    for name in ${log_names//,/ }; do
+      exe=$samples_dir/$name/$name
+      [[ -x $exe ]] || { echo "== $name: not built"; continue; }
+      lines=$(wc -l < "$LOGS/samples-log-serve.log")
+      (cd "$(dirname "$exe")" && CHIDORI_LOG=$SAMPLES_LOG timeout ${SAMPLES_TIMEOUT:-90} "$CHIDORI" run \
+        -s 127.0.0.1:$SLOG_PORT -- "$exe") > "$LOGS/samples-log-$name.txt" 2>&1
+      echo "== $name with CHIDORI_LOG=$SAMPLES_LOG (rc $?), last client lines:"
+      tail -n ${SAMPLES_LOG_LINES:-30} "$LOGS/samples-log-$name.txt" | cut -c1-240
+      echo "== $name: the server's last lines"
+      tail -n +$((lines + 1)) "$LOGS/samples-log-serve.log" | tail -n ${SAMPLES_LOG_LINES:-30} | cut -c1-240
+    done
+    kill $SLOG_PID 2>/dev/null
+  fi
 fi
 
 if want nccl; then

@@ -6444,6 +6444,65 @@ fn a_captured_copy_into_a_stack_variable_lands_when_the_graph_runs() {
     assert!(out.status.success() && stdout.trim() == "OK", "{stdout}\n{stderr}");
 }
 
+/// A graph's allocation used and freed outside the graph between launches (NVIDIA's
+/// graphMemoryNodes): each launch allocates it again at the same address, which stays the
+/// program's device memory for copies (cudaMemcpyDefault included) and frees.
+const GRAPH_ALLOCATION_OUTSIDE: &str = r#"
+#include <cuda_runtime_api.h>
+enum { N = 1024 };
+static float in[N], out[N];
+int main(void) {
+  for (int i = 0; i < N; i++) in[i] = (float)i;
+  struct cudaMemAllocNodeParams ap;
+  memset(&ap, 0, sizeof ap);
+  ap.bytesize = sizeof in;
+  ap.poolProps.allocType = cudaMemAllocationTypePinned;
+  ap.poolProps.location.type = cudaMemLocationTypeDevice;
+  ap.poolProps.location.id = 0;
+  cudaGraph_t g;
+  cudaGraphNode_t alloc, up, down;
+  CHECK(cudaGraphCreate(&g, 0));
+  CHECK(cudaGraphAddMemAllocNode(&alloc, g, NULL, 0, &ap));
+  float *d = (float *)ap.dptr;
+  EXPECT(d != NULL);
+  CHECK(cudaGraphAddMemcpyNode1D(&up, g, &alloc, 1, d, in, sizeof in, cudaMemcpyHostToDevice));
+  CHECK(cudaGraphAddMemcpyNode1D(&down, g, &up, 1, out, d, sizeof out, cudaMemcpyDeviceToHost));
+  cudaGraphExec_t x;
+  CHECK(cudaGraphInstantiate(&x, g, 0));
+  CHECK(cudaGraphDestroy(g));
+  cudaStream_t s;
+  CHECK(cudaStreamCreate(&s));
+  for (int run = 1; run <= 3; run++) {
+    in[5] = 5.0f * run;
+    memset(out, 0, sizeof out);
+    CHECK(cudaGraphLaunch(x, s));
+    CHECK(cudaStreamSynchronize(s));
+    EXPECT(out[5] == 5.0f * run && out[7] == 7.0f);
+    float back = 0;
+    CHECK(cudaMemcpy(&back, d + 5, sizeof back, cudaMemcpyDefault));
+    EXPECT(back == 5.0f * run);
+    if (run == 2) {
+      CHECK(cudaFreeAsync(d, s));
+      CHECK(cudaStreamSynchronize(s));
+    } else {
+      CHECK(cudaFree(d));
+    }
+  }
+  CHECK(cudaGraphExecDestroy(x));
+  printf("OK\n");
+  return 0;
+}
+"#;
+
+#[test]
+fn a_graph_allocation_is_used_and_freed_outside_the_graph_between_launches() {
+    let server = server();
+    let exe = program("graph-allocation-outside", &format!("{CHECKS}{GRAPH_ALLOCATION_OUTSIDE}"));
+    let out = run_cmd(&server.address, &exe).output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && stdout.trim() == "OK", "{stdout}\n{stderr}");
+}
+
 /// Contexts moved between threads as NVIDIA's threadMigration moves them: made and popped
 /// (without asking for the popped handle) on the main thread, pushed, used and popped again
 /// on another.

@@ -9,7 +9,7 @@
 //!   wait for.
 
 use std::cell::Cell;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::Hash;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, RwLock};
@@ -487,8 +487,10 @@ pub struct Range {
 
 static RANGES: RwLock<BTreeMap<u64, Range>> = RwLock::new(BTreeMap::new());
 
-/// Record a range. Device ranges are reserved in the client's address space when free.
+/// Record a range. Device ranges are reserved in the client's address space when free. A
+/// graph's allocation is marked as such after this ([`graph_allocation`]).
 pub fn add(base: u64, len: u64, memory: Memory) {
+    GRAPH_ALLOCATIONS.lock().unwrap_or_else(|p| p.into_inner()).remove(&base);
     let reserved = matches!(memory, Memory::Device { .. }) && reserve(base, len);
     let mut r = RANGES.write().unwrap_or_else(|p| p.into_inner());
     let old = r.insert(base, Range { base, len, memory, reserved });
@@ -508,6 +510,23 @@ fn count_live(range: Option<&Range>, by: isize) {
         } else if counted {
             counter.fetch_sub(1, Relaxed);
         }
+    }
+}
+
+/// Bases of device ranges a graph allocates at each launch (an allocation node's, or a
+/// stream-ordered allocation captured into a graph): a free of one leaves it known, since the
+/// next launch allocates it again at the same address.
+static GRAPH_ALLOCATIONS: Mutex<BTreeSet<u64>> = Mutex::new(BTreeSet::new());
+
+/// The device range at `base` is a graph's allocation ([`freed`] keeps it).
+pub fn graph_allocation(base: u64) {
+    GRAPH_ALLOCATIONS.lock().unwrap_or_else(|p| p.into_inner()).insert(base);
+}
+
+/// The program freed the device memory at `base`: forgotten, unless a graph allocates it.
+pub fn freed(base: u64) {
+    if !GRAPH_ALLOCATIONS.lock().unwrap_or_else(|p| p.into_inner()).contains(&base) {
+        remove(base);
     }
 }
 

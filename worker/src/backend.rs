@@ -149,6 +149,11 @@ pub trait Backend: Send + Sync + 'static {
     fn synchronize_stream(&self, _stream: u64) -> Result<(), i64> {
         Ok(())
     }
+    /// Whether stream `stream` (a real handle, or a special stream's value) is capturing: a
+    /// stream-ordered allocation there is a graph's.
+    fn stream_capturing(&self, _stream: u64) -> bool {
+        false
+    }
     /// Whether `[addr, addr + len)` is device memory this process may also read and write
     /// from the CPU, in one allocation: managed memory (a module's `__managed__` variable).
     /// The client's copy of such memory is mirrored by the memory itself.

@@ -110,6 +110,9 @@ struct State {
     pools: HashMap<u64, api::Pool>,
     /// The pool of each allocation made from one.
     pool_of: HashMap<u64, (u64, u64)>,
+    /// Addresses graph allocation nodes allocate: kept from the node's making (a launch
+    /// natively allocates them again at the same address after a free).
+    graph_allocations: HashSet<u64>,
     current_pool: u64,
     stream_attributes: HashMap<(u64, u32), Vec<u8>>,
     next_object: u64,
@@ -408,6 +411,9 @@ impl Emulated {
             return SUCCESS;
         }
         let mut s = self.state();
+        if s.graph_allocations.contains(&addr) {
+            return SUCCESS;
+        }
         if let Some(buf) = s.allocations.remove(&addr) {
             s.used -= buf.len() as u64;
             return SUCCESS;
@@ -1909,6 +1915,10 @@ impl Backend for Emulated {
         }
         s.globals.insert(key, (address, size));
         Ok((address, size))
+    }
+
+    fn stream_capturing(&self, stream: u64) -> bool {
+        self.state().graphs.capturing(stream).is_some()
     }
 
     fn host_accessible(&self, addr: u64, len: u64) -> bool {

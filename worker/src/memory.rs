@@ -32,6 +32,10 @@ pub enum Origin {
     /// Memory another session exported, opened through CUDA IPC (not counted: the exporting
     /// session's quota holds it); closed by `cudaIpcCloseMemHandle`, never freed here.
     Opened,
+    /// The address a graph's allocation node allocates at each launch (not counted: the
+    /// graph's pool holds it). A free of it (in the graph, or outside it once a launch
+    /// allocated it) leaves it known: the next launch allocates it at the same address.
+    Graph,
 }
 
 #[derive(Debug, Default)]
@@ -112,8 +116,12 @@ impl Memory {
         }
     }
 
-    /// Forget the range starting at `base` (a free); its bytes leave the quota.
+    /// Forget the range starting at `base` (a free); its bytes leave the quota. A graph
+    /// allocation's address stays known ([`Origin::Graph`]).
     pub fn remove(&mut self, base: u64) {
+        if self.origin_at(base) == Some(Origin::Graph) {
+            return;
+        }
         if let Some((len, origin)) = self.ranges.remove(&base)
             && origin == Origin::Allocated
         {
@@ -266,6 +274,18 @@ mod tests {
         m.remove(0x1000);
         assert!(!m.contains(0x1000, 1));
         assert_eq!(m.used, 0);
+    }
+
+    #[test]
+    fn a_graph_allocation_outlives_its_frees_and_is_not_counted() {
+        let mut m = Memory::new(Some(100));
+        m.insert(0x4000, 4096, Origin::Graph);
+        assert_eq!(m.used, 0, "the graph's pool holds it");
+        m.remove(0x4000);
+        assert!(m.contains(0x4000, 4096), "the next launch allocates it at the same address");
+        m.insert(0x4000, 64, Origin::Allocated);
+        m.remove(0x4000);
+        assert!(!m.contains(0x4000, 1) && m.used == 0, "a plain allocation made there since goes");
     }
 
     #[test]

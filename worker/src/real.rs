@@ -826,6 +826,16 @@ impl Backend for Real {
         rc == 0
     }
 
+    fn stream_capturing(&self, stream: u64) -> bool {
+        let Ok(capturing) = self.driver_fn::<unsafe extern "C" fn(u64, *mut u32) -> i32>("cuStreamIsCapturing") else {
+            return false;
+        };
+        let mut status = 0u32;
+        let none = chidori_cuda::consts::CUstreamCaptureStatus_enum::CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: a stream of the session (or a special stream's value) and a local out-value.
+        unsafe { capturing(stream, &mut status) == 0 && status != none }
+    }
+
     fn synchronize_stream(&self, stream: u64) -> Result<(), i64> {
         let capturing: unsafe extern "C" fn(u64, *mut u32) -> i32 =
             self.driver_fn("cuStreamIsCapturing").map_err(|(code, _)| code)?;

@@ -1684,6 +1684,16 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
                         at(out_record, 8).saturating_mul(at(extent, 8)).saturating_mul(at(extent, 16).max(1))
                     }
                 };
+                // A stream-ordered allocation on a capturing stream is the graph's: its
+                // address is allocated at each launch.
+                let origin = if origin == Origin::Allocated
+                    && desc.name.contains("Async")
+                    && args.last().is_some_and(|&stream| session.backend.stream_capturing(stream))
+                {
+                    Origin::Graph
+                } else {
+                    origin
+                };
                 lock(&session.memory).insert(base, bytes, origin);
             }
             Effect::Free { ptr } => lock(&session.memory).remove(args.get(ptr).copied().unwrap_or(0)),
@@ -2715,10 +2725,11 @@ fn graph_node(session: &Arc<Session>, frame: &Frame, mut request: GraphNode) -> 
             let graphs: Vec<u64> = made.graphs.iter().map(|&g| handles.insert(CUgraph_st, g)).collect();
             drop(handles);
             // The address a graph allocation node reserves is the session's memory: kernels,
-            // copies and memsets of the graph name it (not counted against the quota: the
-            // memory exists only while the graph runs).
+            // copies and memsets of the graph name it, and the program may use and free it
+            // outside the graph after a launch (not counted against the quota: the graph's
+            // pool holds it).
             if let (NodeParams::MemAlloc { bytesize, .. }, true) = (&request.params, made.address != 0) {
-                lock(&session.memory).insert(made.address, *bytesize, Origin::Reserved);
+                lock(&session.memory).insert(made.address, *bytesize, Origin::Graph);
             }
             ServiceReply::Node { node, graphs, address: made.address }
         }

@@ -193,6 +193,21 @@ pub fn stream_capturing(stream: u64, ptsz: bool) -> bool {
     matches!(call(desc, &[stream, &mut status as *mut u32 as u64], NO_DEVICE), Ok(SUCCESS)) && status == ACTIVE
 }
 
+/// A stream-ordered allocation succeeded, its address at `out`, on `stream` (as the per-thread
+/// forms resolved it): made on a capturing stream, it is the graph's, allocated at the same
+/// address at each launch ([`crate::state::graph_allocation`]).
+pub fn note_allocation(out: *mut c_void, stream: u64) {
+    // The runtime's and the driver's per-thread stream handles are both 2.
+    if out.is_null() || !stream_capturing(stream, false) {
+        return;
+    }
+    // SAFETY: the caller's out-pointer, which the reply just wrote.
+    let base = unsafe { std::ptr::read_unaligned(out as *const u64) };
+    if base != 0 {
+        crate::state::graph_allocation(base);
+    }
+}
+
 /// cudaErrorNoDevice or CUDA_ERROR_NO_DEVICE: no server, no device.
 fn no_device(runtime: bool) -> u32 {
     if runtime { NO_DEVICE } else { chidori_cuda::consts::cudaError_enum::CUDA_ERROR_NO_DEVICE }

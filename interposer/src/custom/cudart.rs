@@ -376,6 +376,10 @@ pub unsafe fn malloc_async(ctx: &Ctx, dev_ptr: *mut c_void, size: usize, stream:
         let args = [dev_ptr as u64, size as u64, stream as u64];
         let s = unsafe { crate::runtime::call_on(&conn, ctx.form(Form::Call), &args) } as u32;
         record_alloc(s, dev_ptr, size as u64);
+        if s == SUCCESS && !dev_ptr.is_null() {
+            let stream = if ctx.per_thread() { per_thread(stream) } else { stream };
+            note_allocation(dev_ptr, stream as u64);
+        }
         Ok(s)
     })
 }
@@ -414,7 +418,7 @@ fn free(desc: &'static chidori_protocol::desc::CallDesc, args: &[u64]) -> u32 {
         // SAFETY: a device address and possibly a stream handle, by value.
         let s = unsafe { crate::runtime::call_on(&conn, desc, args) } as u32;
         if s == SUCCESS && args[0] != 0 {
-            state::remove(args[0]);
+            state::freed(args[0]);
             crate::custom::placed::forgotten(args[0]);
         }
         Ok(s)
@@ -774,6 +778,9 @@ pub unsafe fn malloc_from_pool(
         // SAFETY: the caller's void**; handles and sizes by value.
         let s = unsafe { crate::runtime::call_on(&conn, ctx.form(Form::Call), &args) } as u32;
         record_alloc(s, ptr, size as u64);
+        if s == SUCCESS && !ptr.is_null() {
+            note_allocation(ptr, stream as u64);
+        }
         Ok(s)
     })
 }

@@ -201,7 +201,7 @@ pub unsafe fn cuMemFree_v2(dptr: u64) -> u32 {
         // SAFETY: a device address by value.
         let s = unsafe { crate::runtime::call_on(&conn, &calls::cuMemFree_v2__call, &[dptr]) } as u32;
         if s == SUCCESS {
-            state::remove(dptr);
+            state::freed(dptr);
             crate::custom::placed::forgotten(dptr);
         }
         Ok(s)
@@ -911,6 +911,7 @@ pub unsafe fn mem_alloc_async(ctx: &Ctx, dptr: *mut c_void, bytesize: usize, str
         let s = unsafe { crate::runtime::call_on(&conn, ctx.form(Form::Call), &args) } as u32;
         if s == SUCCESS && !dptr.is_null() {
             record_device(dptr, bytesize as u64);
+            note_allocation(dptr, args[2]);
         }
         Ok(s)
     })
@@ -931,6 +932,7 @@ pub unsafe fn mem_alloc_from_pool_async(
         let s = unsafe { crate::runtime::call_on(&conn, ctx.form(Form::Call), &args) } as u32;
         if s == SUCCESS && !dptr.is_null() {
             record_device(dptr, bytesize as u64);
+            note_allocation(dptr, args[3]);
         }
         Ok(s)
     })

@@ -625,6 +625,7 @@ fn mem_alloc_node(ctx: &Ctx, target: Target, p: *mut c_void) -> u32 {
         let size = u64::from_le_bytes(record[104..112].try_into().unwrap_or([0; 8]));
         if address != 0 {
             state::add(address, size, Memory::Device { device: state::current_device() });
+            state::graph_allocation(address);
         }
         records().insert(node, NodeRecord::MemAlloc { record, address });
         if later {

@@ -1753,6 +1753,7 @@ impl Emulated {
                 // The allocation lives from the node's making (the emulation runs no frees
                 // of graphs).
                 let at = self.alloc(*bytesize).map_err(|e| (e as i64, "out of memory".to_owned()))?;
+                self.state().graph_allocations.insert(at);
                 (kind::MEM_ALLOC, Op::Nothing, at)
             }
             NodeParams::BatchMemOp { .. } => (kind::BATCH_MEM_OP, Op::Words(written_words(params)), 0),
