@@ -96,3 +96,29 @@ pub fn of(desc: &CallDesc) -> &'static CallChecks {
         _ => Box::leak(Box::new(CallChecks::of(desc))),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An address the specs give an extent reaches the worker as device memory it checks
+    /// (and names where the session has it), never as a plain value the library gets
+    /// unchecked: cuMemcpyDtoDAsync_v2 once took any address.
+    #[test]
+    fn every_extent_names_a_checked_device_parameter() {
+        let mut loose = Vec::new();
+        for desc in VARIANTS {
+            for (p, _, _) in chidori_cuda::checks::extents(desc.name) {
+                match desc.params.get(usize::from(p)) {
+                    Some(Wire::Device | Wire::ByValRecord { .. } | Wire::Buf { .. }) => {}
+                    // The legacy entry points' 32-bit addresses (cuMemsetD32, cuMemcpyDtoD),
+                    // which go to the library as values: no allocation of a 64-bit process
+                    // is named so, and programs built since CUDA 3.2 call the `_v2` forms.
+                    Some(Wire::Val { bytes: 4, .. }) => {}
+                    other => loose.push(format!("{} parameter {p}: {other:?}", desc.name)),
+                }
+            }
+        }
+        assert!(loose.is_empty(), "{} unchecked:\n{}", loose.len(), loose.join("\n"));
+    }
+}

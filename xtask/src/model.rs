@@ -915,7 +915,7 @@ fn build_variant(
         // The function's parameter specs (its own and its rules'), the form's over them.
         let mut params = fspec.params.clone();
         params.extend(w.params.iter().map(|(k, v)| (k.clone(), v.clone())));
-        let d = classify_call(lib, env, decl, ret_is_status, w.class, &params, true, &fspec.sizes)
+        let d = classify_call(lib, env, decl, ret_is_status, w.class, &params, &fspec.extent, true, &fspec.sizes)
             .with_context(|| format!("wire form {form}"))?;
         let d = null_asks_count(fspec, d);
         if let Disposition::Unsupported { reason } = d {
@@ -970,7 +970,7 @@ fn dispose(lib: &Library, fspec: &FnSpec, env: &TypeEnv, decl: &Function, ret_is
     }
     Ok(null_asks_count(
         fspec,
-        classify_call(lib, env, decl, ret_is_status, fspec.class, &fspec.params, false, &fspec.sizes)?,
+        classify_call(lib, env, decl, ret_is_status, fspec.class, &fspec.params, &fspec.extent, false, &fspec.sizes)?,
     ))
 }
 
@@ -989,7 +989,9 @@ fn null_asks_count(fspec: &FnSpec, d: Disposition) -> Disposition {
 }
 
 /// Classify a whole call with the given class and parameter specs. `explicit`: a wire form,
-/// where every unlisted parameter must still classify by inference.
+/// where every unlisted parameter must still classify by inference. A 64-bit parameter the
+/// spec gives an `extent` and no wire names device memory: `device` (the worker checks it is
+/// the session's, and names it where the session has it).
 #[allow(clippy::too_many_arguments)]
 fn classify_call(
     lib: &Library,
@@ -998,6 +1000,7 @@ fn classify_call(
     ret_is_status: bool,
     class: Option<Class>,
     params: &BTreeMap<String, String>,
+    extent: &BTreeMap<String, String>,
     explicit: bool,
     sizes: &SizeTables,
 ) -> Result<Disposition> {
@@ -1027,6 +1030,12 @@ fn classify_call(
         // `?name`: a parameter only some versions' declarations have.
         let pspec = match params.get(&p.name).or_else(|| params.get(&format!("?{}", p.name))) {
             Some(s) => Some(spec::parse_param(s).with_context(|| format!("parameter {}", p.name))?),
+            // (64-bit addresses: the 32-bit ones of the legacy entry points stay values.)
+            None if extent.contains_key(&p.name)
+                && matches!(env.kind(&Ty::parse(&p.ty)?), Kind::Pointer { .. } | Kind::Scalar { bytes: 8, .. }) =>
+            {
+                Some(ParamSpec::Device)
+            }
             None => None,
         };
         match classify(lib, env, decl, i, p, pspec.as_ref(), sizes)? {
