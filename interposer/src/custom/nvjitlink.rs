@@ -186,7 +186,8 @@ enum Output {
 }
 
 /// Hand `f` a product's bytes, in place: the linked images once completed (an error where
-/// the link made none), the logs at any time (an empty log is its NUL).
+/// the link made none), the logs at any time (an empty log has size 0, as nvJitLink says:
+/// programs print a log whose size is not 0).
 fn with_output<T>(handle: *mut c_void, which: Output, f: impl FnOnce(&[u8]) -> T) -> Result<T, u32> {
     with_link(handle, |l| {
         let done = l.done.as_ref();
@@ -197,7 +198,7 @@ fn with_output<T>(handle: *mut c_void, which: Output, f: impl FnOnce(&[u8]) -> T
             Output::InfoLog => Some(done.map_or(&[][..], |d| &d.info_log[..])),
         };
         match (which, bytes) {
-            (Output::ErrorLog | Output::InfoLog, Some([])) => Ok(f(&[0])),
+            (Output::ErrorLog | Output::InfoLog, Some(b)) => Ok(f(b)),
             (_, Some(b)) if !b.is_empty() => Ok(f(b)),
             _ => Err(INVALID_INPUT),
         }
