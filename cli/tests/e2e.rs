@@ -6447,6 +6447,57 @@ fn a_captured_copy_into_a_stack_variable_lands_when_the_graph_runs() {
     assert!(out.status.success() && stdout.trim() == "OK", "{stdout}\n{stderr}");
 }
 
+/// The driver's copies between the program's memory and the device on a capturing stream
+/// (what a statically linked runtime's cudaMemcpyAsync becomes): graph nodes that copy the
+/// server's mirror of the program's memory when the graph runs, never at capture (NVIDIA's
+/// conjugateGradientCudaGraphs reads its stack variable between capture and launch).
+const DRIVER_CAPTURED_COPIES: &str = r#"
+#include <cuda.h>
+int main(void) {
+  CUdevice dev;
+  CUcontext ctx;
+  CHECK(cuInit(0));
+  CHECK(cuDeviceGet(&dev, 0));
+  CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
+  CHECK(cuCtxSetCurrent(ctx));
+  CUdeviceptr a, b;
+  CHECK(cuMemAlloc(&a, 4));
+  CHECK(cuMemAlloc(&b, 4));
+  CUstream s, other;
+  CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  CHECK(cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));
+  float r1 = 7.0f, in = 3.0f;
+  CUgraph g;
+  CUgraphExec x;
+  CHECK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  CHECK(cuMemcpyHtoDAsync(b, &in, 4, s));
+  CHECK(cuMemcpyDtoDAsync(a, b, 4, s));
+  CHECK(cuMemcpyDtoHAsync(&r1, a, 4, s));
+  CHECK(cuStreamEndCapture(s, &g));
+  CHECK(cuGraphInstantiate(&x, g, 0));
+  CHECK(cuCtxSynchronize());
+  EXPECT(r1 == 7.0f);
+  for (int run = 1; run <= 2; run++) {
+    in = 5.0f * run;
+    CHECK(cuGraphLaunch(x, other));
+    CHECK(cuStreamSynchronize(other));
+    EXPECT(r1 == 5.0f * run);
+  }
+  printf("OK\n");
+  return 0;
+}
+"#;
+
+#[test]
+fn driver_copies_on_a_capturing_stream_copy_the_programs_memory_when_the_graph_runs() {
+    let server = server();
+    let exe =
+        program_with("driver-captured-copies", &format!("{CHECKS}{DRIVER_CAPTURED_COPIES}"), &["-l:libcuda.so.1"]);
+    let out = run_cmd(&server.address, &exe).output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && stdout.trim() == "OK", "{stdout}\n{stderr}");
+}
+
 /// A graph's allocation used and freed outside the graph between launches (NVIDIA's
 /// graphMemoryNodes): each launch allocates it again at the same address, which stays the
 /// program's device memory for copies (cudaMemcpyDefault included) and frees.
@@ -6492,6 +6543,22 @@ int main(void) {
     }
   }
   CHECK(cudaGraphExecDestroy(x));
+  // The same with a stream-ordered allocation captured into a graph.
+  float *c = NULL;
+  CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  CHECK(cudaMallocAsync((void **)&c, sizeof in, s));
+  CHECK(cudaMemcpyAsync(c, in, sizeof in, cudaMemcpyHostToDevice, s));
+  CHECK(cudaStreamEndCapture(s, &g));
+  CHECK(cudaGraphInstantiate(&x, g, 0));
+  for (int run = 1; run <= 2; run++) {
+    in[9] = 9.0f * run;
+    CHECK(cudaGraphLaunch(x, s));
+    CHECK(cudaStreamSynchronize(s));
+    float back = 0;
+    CHECK(cudaMemcpy(&back, c + 9, sizeof back, cudaMemcpyDefault));
+    EXPECT(back == 9.0f * run);
+    CHECK(cudaFree(c));
+  }
   printf("OK\n");
   return 0;
 }

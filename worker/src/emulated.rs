@@ -806,6 +806,11 @@ impl Backend for Emulated {
                 ("cudart", "cudaMalloc" | "cudaMallocAsync") | ("driver", "cuMemAlloc_v2" | "cuMemAllocAsync") => {
                     match self.alloc(a[1]) {
                         Ok(p) => {
+                            // Made on a capturing stream, it is the graph's (kept from now on,
+                            // as an allocation node's).
+                            if name.ends_with("Async") && self.stream_capturing(a[2]) {
+                                self.state().graph_allocations.insert(p);
+                            }
                             put_u64(a[0], p);
                             SUCCESS
                         }
@@ -883,6 +888,12 @@ impl Backend for Emulated {
                         (device(0) && device(1))
                             .then_some((graphs::kind::MEMCPY, Op::Copy { dst: a[0], src: a[1], len: a[2] })),
                     ) =>
+                {
+                    status
+                }
+                ("driver", "cuMemcpyDtoDAsync_v2")
+                    if let Some(status) = self
+                        .captured(a[3], Some((graphs::kind::MEMCPY, Op::Copy { dst: a[0], src: a[1], len: a[2] }))) =>
                 {
                     status
                 }

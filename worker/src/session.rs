@@ -1062,6 +1062,13 @@ fn untranslate_records(session: &Session, desc: &CallDesc, checks: &CallChecks, 
     }
 }
 
+/// The stream a call runs on, as the library gets it (its stream parameter in `raw`).
+fn stream_of(desc: &CallDesc, raw: &[u64]) -> Option<u64> {
+    desc.params.iter().zip(raw).find_map(|(wire, &value)| {
+        matches!(wire, Wire::Handle { kind, .. } if *kind == chidori_cuda::handles::kind::CUstream_st).then_some(value)
+    })
+}
+
 /// Where the session has `[addr, addr + len)` of what the client names: the address itself
 /// ([`device_ok`]), or where a stand-in of the client's pageable memory holds it
 /// (`crate::mirror`); None where neither.
@@ -1529,6 +1536,18 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
     if let Err(why) = if user_object { lock(&session.user_objects).check(desc.name, &raw) } else { Ok(()) } {
         return fail(desc.codes.invalid_handle, why);
     }
+    // A copy with a side in the worker's own buffer (the program's bytes as they came, or a
+    // buffer for the reply) cannot be captured: the graph would keep the buffer's address
+    // past this call. The client sends such copies as copies of its memory's mirror.
+    if matches!(desc.form, Some(Form::H2d | Form::D2h))
+        && let Some(stream) = stream_of(desc, &raw)
+        && session.backend.stream_capturing(stream)
+    {
+        let status =
+            status_named(desc, &["cudaErrorStreamCaptureUnsupported", "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"])
+                .unwrap_or(desc.codes.invalid_value);
+        return fail(status, format!("{}: a copy of the client's bytes on a capturing stream", desc.name));
+    }
     let started = session.timing.as_ref().map(|_| std::time::Instant::now());
     let call = crate::fatal::running(desc.name);
     let ret = if desc.form == Some(Form::Host) {
@@ -1551,10 +1570,7 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
             _ => false,
         };
     if pinned
-        && let Some(stream) = desc.params.iter().zip(&raw).find_map(|(wire, &value)| {
-            matches!(wire, Wire::Handle { kind, .. } if *kind == chidori_cuda::handles::kind::CUstream_st)
-                .then_some(value)
-        })
+        && let Some(stream) = stream_of(desc, &raw)
         && let Err(status) = session.backend.synchronize_stream(stream)
     {
         // The copy's own status is what the program gets; a failed stream reports again at
@@ -1685,10 +1701,11 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
                     }
                 };
                 // A stream-ordered allocation on a capturing stream is the graph's: its
-                // address is allocated at each launch.
+                // address is allocated at each launch. (`raw`: the stream as the library got
+                // it; `args` hold the client's names for handles.)
                 let origin = if origin == Origin::Allocated
                     && desc.name.contains("Async")
-                    && args.last().is_some_and(|&stream| session.backend.stream_capturing(stream))
+                    && raw.last().is_some_and(|&stream| session.backend.stream_capturing(stream))
                 {
                     Origin::Graph
                 } else {

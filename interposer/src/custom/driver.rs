@@ -324,6 +324,36 @@ pub unsafe fn cuPointerGetAttribute(data: *mut c_void, attribute: u32, ptr: u64)
 
 // ---- Copies, in chunks ----
 
+/// A copy between the program's memory and the device on `stream` (`desc`: a
+/// cuMemcpyHtoD/DtoH form) while some capture may be active: on a capturing stream it becomes
+/// a node of the server's graph, which replays there, so it copies the server's mirror of the
+/// program's memory ([`memory::captured`]), sent as a device-to-device copy. None: the stream
+/// does not capture (the copy goes the usual way).
+fn captured_copy(
+    conn: &Conn,
+    desc: &chidori_protocol::desc::CallDesc,
+    dst: u64,
+    src: u64,
+    n: u64,
+    stream: u64,
+) -> Option<u32> {
+    if !any_active() {
+        return None;
+    }
+    // NULL from a per-thread entry point is the thread's stream.
+    let stream = if desc.name.ends_with("_ptsz") && stream == 0 { 2 } else { stream };
+    let direction = if desc.name.starts_with("cuMemcpyHtoD") { (true, false) } else { (false, true) };
+    match memory::captured(conn, Some(stream), (dst, n), (src, n), direction) {
+        Err(status) => Some(status),
+        // SAFETY: device addresses (the program's memory named by its address, which the
+        // server gives its mirror's), a count and a stream, by value.
+        Ok((true, true)) => {
+            Some(unsafe { crate::runtime::call_on(conn, &calls::cuMemcpyDtoDAsync_v2, &[dst, src, n, stream]) } as u32)
+        }
+        Ok(_) => None,
+    }
+}
+
 fn copy(
     name: &'static str,
     desc: &'static chidori_protocol::desc::CallDesc,
@@ -334,6 +364,12 @@ fn copy(
 ) -> u32 {
     driver(name, || {
         let conn = connection()?;
+        if let Some(&stream) = tail.first()
+            && n > 0
+            && let Some(status) = captured_copy(&conn, desc, dst, src, n, stream)
+        {
+            return Ok(status);
+        }
         // A source of host bytes (host to device): the GPU reads it when the stream reaches
         // the copy, after every host callback enqueued before it, which may write it (as
         // for the runtime's copies).
@@ -408,6 +444,11 @@ fn copy_dtoh_async(desc: &'static chidori_protocol::desc::CallDesc, dst: u64, sr
     }
     driver("cuMemcpyDtoHAsync_v2", || {
         let conn = connection()?;
+        if n > 0
+            && let Some(status) = captured_copy(&conn, desc, dst, src, n, stream)
+        {
+            return Ok(status);
+        }
         for off in (0..n).step_by(memory::CHUNK as usize) {
             let a = [dst + off, src + off, memory::CHUNK.min(n - off), stream];
             // SAFETY: the pinned destination stays valid until the program synchronizes.
