@@ -4900,6 +4900,35 @@ fn managed_variables_asked_of_the_driver_are_program_memory() {
     assert!(!stderr.contains("WARN") && !stderr.contains("ERROR"), "{stderr}");
 }
 
+/// A global whose size the program does not ask for (`cuModuleGetGlobal(&dptr, NULL, ...)`, as
+/// NVIDIA's binomialOptions_nvrtc does; `cuLibraryGetGlobal` here) is still the session's
+/// memory, whole: the driver's copies to and from it pass the worker's checks.
+#[test]
+fn a_global_looked_up_without_its_size_is_the_sessions_memory() {
+    let path = chidori_tests::root().join("tests/fixtures/fatbin/k_multi.fatbin");
+    let bytes: Vec<String> = std::fs::read(path).unwrap().iter().map(|b| b.to_string()).collect();
+    let source = format!(
+        "#include <stdio.h>\n#include <cuda.h>\n\
+         static const unsigned char fb[] __attribute__((aligned(16))) = {{{}}};\n\
+         int main(void) {{\n\
+           CUdevice dev; CUcontext ctx; CUlibrary lib; CUdeviceptr p = 0;\n\
+           if (cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) || cuCtxSetCurrent(ctx)) return 1;\n\
+           if (cuLibraryLoadData(&lib, fb, 0, 0, 0, 0, 0, 0)) return 2;\n\
+           if (cuLibraryGetGlobal(&p, 0, lib, \"counter\") || !p) return 3;\n\
+           int v = 42, w = 0;\n\
+           int a = cuMemcpyHtoD(p, &v, sizeof v), b = cuMemcpyDtoH(&w, p, sizeof w);\n\
+           printf(\"%d %d %d\\n\", a, b, w);\n\
+           return 0;\n\
+         }}\n",
+        bytes.join(",")
+    );
+    let server = server();
+    let exe = program_with("global_without_size", &source, &["-l:libcuda.so.1"]);
+    let out = run_cmd(&server.address, &exe).output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(stdout.trim(), "0 0 42", "{stderr}");
+}
+
 const BATCH_ADDRESSES: &str = r#"
 #include <stdio.h>
 #include <cuda.h>

@@ -1444,6 +1444,18 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
 
     // A shareable descriptor's token: the descriptor, fetched from the session that exported
     // it (kept open until the call returns; the library duplicates what it keeps).
+    // A global's size the program did not ask for (`cuModuleGetGlobal(&dptr, NULL, ...)`):
+    // the library writes it here, so the session knows how far the global reaches.
+    let mut unasked_size: Option<Buffer> = None;
+    if let Effect::Alloc { out, size: Size::Out(o), origin: Origin::Global } = effect
+        && raw.get(out).is_some_and(|&p| p != 0)
+        && raw.get(o) == Some(&0)
+    {
+        // (A Vec's heap words: the address stays as the buffer moves into the Option.)
+        let mut b = Buffer::zeroed(8);
+        raw[o] = b.addr();
+        unasked_size = Some(b);
+    }
     let mut _imported = None;
     if let Effect::ImportFd { token, .. } = effect {
         match session.ipc.fetch_fd(args.get(token).copied().unwrap_or(0)) {
@@ -1688,7 +1700,10 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
                         .map(u64::from_le_bytes)
                         .unwrap_or(0)
                         .saturating_mul(args.get(height).copied().unwrap_or(0)),
-                    Size::Out(o) => word(o).map(u64::from_le_bytes).unwrap_or(0),
+                    Size::Out(o) => word(o)
+                        .or_else(|| unasked_size.as_ref().and_then(|b| b.bytes().first_chunk::<8>().copied()))
+                        .map(u64::from_le_bytes)
+                        .unwrap_or(0),
                     Size::Pitched3D { extent } => {
                         let at = |b: Option<&Buffer>, offset: usize| {
                             b.and_then(|b| b.bytes().get(offset..offset + 8))
