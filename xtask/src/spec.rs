@@ -68,7 +68,8 @@
 //! null_ok = ["handle"]             # a handle parameter that may be NULL (its kind may not),
 //!                                  # or an output handle the API takes NULL for
 //! extent = { dst = "count", devPtr = "N * 4", dst2 = "dpitch, width, height" }
-//!                                  # the bytes a device parameter spans (checked whole)
+//!                                  # the bytes a device parameter spans (checked whole;
+//!                                  # a 64-bit one without a wire spec is `device` by it)
 //! addresses = { dptrs = "sizes", workArea = "" }  # host arrays of device addresses (sizes)
 //!
 //! [record.cudaResourceDesc]        # what the worker checks in every input record of a type
