@@ -7,8 +7,9 @@
 //! `cuMemAlloc*`, pools, `cuMemAddressReserve` for `cuMemMap`), module globals the session
 //! looked up (`cuModuleGetGlobal`, `cu`/`cudaLibraryGetGlobal`, the runtime's symbols),
 //! memory another session of the server exported by CUDA IPC and this one opened
-//! ([`crate::ipc`]), and the mirrors of the client's pinned memory (checked by the caller). The quota counts the allocation calls that
-//! return addresses; CUDA arrays (`cudaMallocArray`) are not counted.
+//! ([`crate::ipc`]), the addresses graphs allocate at each launch ([`Origin::Graph`]), and
+//! the mirrors of the client's pinned memory (checked by the caller). The quota counts the
+//! allocation calls that return addresses; CUDA arrays (`cudaMallocArray`) are not counted.
 //! Freed ranges stop counting. A per-session quota bounds what the allocation calls may
 //! take.
 //!
