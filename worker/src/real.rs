@@ -827,7 +827,11 @@ impl Backend for Real {
     }
 
     fn stream_capturing(&self, stream: u64) -> bool {
-        let Ok(capturing) = self.driver_fn::<unsafe extern "C" fn(u64, *mut u32) -> i32>("cuStreamIsCapturing") else {
+        type IsCapturing = unsafe extern "C" fn(u64, *mut u32) -> i32;
+        // Asked before every copy of the client's bytes: looked up once (one driver per process).
+        static FUNCTION: OnceLock<Option<IsCapturing>> = OnceLock::new();
+        let Some(capturing) = *FUNCTION.get_or_init(|| self.driver_fn::<IsCapturing>("cuStreamIsCapturing").ok())
+        else {
             return false;
         };
         let mut status = 0u32;
