@@ -2939,6 +2939,16 @@ fn the_trace_names_the_python_lines_that_waited() {
 }
 
 /// Checks shared by the API programs below: a failing call names itself and exits non-zero.
+/// Build `source` (after [`CHECKS`]) as `name`, linked with `libs`, run it through a fresh
+/// emulated server, and expect it to succeed printing exactly "OK".
+fn prints_ok(name: &str, source: &str, libs: &[&str]) {
+    let server = server();
+    let exe = program_with(name, &format!("{CHECKS}{source}"), libs);
+    let out = run_cmd(&server.address, &exe).output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && stdout.trim() == "OK", "{stdout}\n{stderr}");
+}
+
 const CHECKS: &str = r#"
 #include <stdio.h>
 #include <string.h>
@@ -6469,11 +6479,7 @@ int main(void) {
 
 #[test]
 fn a_captured_copy_into_a_stack_variable_lands_when_the_graph_runs() {
-    let server = server();
-    let exe = program("captured-stack-result", &format!("{CHECKS}{CAPTURED_STACK_RESULT}"));
-    let out = run_cmd(&server.address, &exe).output().unwrap();
-    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success() && stdout.trim() == "OK", "{stdout}\n{stderr}");
+    prints_ok("captured-stack-result", CAPTURED_STACK_RESULT, &[]);
 }
 
 /// The driver's copies between the program's memory and the device on a capturing stream
@@ -6519,12 +6525,7 @@ int main(void) {
 
 #[test]
 fn driver_copies_on_a_capturing_stream_copy_the_programs_memory_when_the_graph_runs() {
-    let server = server();
-    let exe =
-        program_with("driver-captured-copies", &format!("{CHECKS}{DRIVER_CAPTURED_COPIES}"), &["-l:libcuda.so.1"]);
-    let out = run_cmd(&server.address, &exe).output().unwrap();
-    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success() && stdout.trim() == "OK", "{stdout}\n{stderr}");
+    prints_ok("driver-captured-copies", DRIVER_CAPTURED_COPIES, &["-l:libcuda.so.1"]);
 }
 
 /// A graph's allocation used and freed outside the graph between launches (NVIDIA's
@@ -6595,11 +6596,7 @@ int main(void) {
 
 #[test]
 fn a_graph_allocation_is_used_and_freed_outside_the_graph_between_launches() {
-    let server = server();
-    let exe = program("graph-allocation-outside", &format!("{CHECKS}{GRAPH_ALLOCATION_OUTSIDE}"));
-    let out = run_cmd(&server.address, &exe).output().unwrap();
-    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success() && stdout.trim() == "OK", "{stdout}\n{stderr}");
+    prints_ok("graph-allocation-outside", GRAPH_ALLOCATION_OUTSIDE, &[]);
 }
 
 /// Contexts moved between threads as NVIDIA's threadMigration moves them: made and popped
@@ -6647,12 +6644,7 @@ int main(void) {
 
 #[test]
 fn contexts_move_between_threads_and_pop_without_an_out_pointer() {
-    let server = server();
-    let exe =
-        program_with("context-migration", &format!("{CHECKS}{CONTEXT_MIGRATION}"), &["-l:libcuda.so.1", "-lpthread"]);
-    let out = run_cmd(&server.address, &exe).output().unwrap();
-    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success() && stdout.trim() == "OK", "{stdout}\n{stderr}");
+    prints_ok("context-migration", CONTEXT_MIGRATION, &["-l:libcuda.so.1", "-lpthread"]);
 }
 
 /// A texture over linear memory that reaches past its allocation, as NVIDIA's
@@ -6684,9 +6676,5 @@ int main(void) {
 
 #[test]
 fn a_texture_may_reach_past_its_allocation_but_not_start_outside_the_sessions_memory() {
-    let server = server();
-    let exe = program("texture-past", &format!("{CHECKS}{TEXTURE_PAST_ITS_ALLOCATION}"));
-    let out = run_cmd(&server.address, &exe).output().unwrap();
-    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success() && stdout.trim() == "OK", "{stdout}\n{stderr}");
+    prints_ok("texture-past", TEXTURE_PAST_ITS_ALLOCATION, &[]);
 }
