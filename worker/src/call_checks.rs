@@ -35,6 +35,8 @@ pub struct CallChecks {
     /// A capture's end (cudaStreamEndCapture, cuStreamEndCapture and their `_ptsz` forms:
     /// stream, graph out), whose graph the session keeps for `GraphList::Ended`.
     pub capture_end: bool,
+    /// A capture's beginning (`cudaStreamBeginCapture*`, `cuStreamBeginCapture*`).
+    pub capture_begin: bool,
     /// Input arrays of a length only their data gives (`crate::told`).
     pub told: bool,
     /// Hands out, with one reference more, a handle the program may already hold
@@ -79,6 +81,7 @@ impl CallChecks {
                 chidori_protocol::desc::strip_suffixes(name, &["_ptsz"]),
                 "cudaStreamEndCapture" | "cuStreamEndCapture"
             ),
+            capture_begin: name.starts_with("cudaStreamBeginCapture") || name.starts_with("cuStreamBeginCapture"),
             told: crate::told::has_told(desc),
             retains: name == "cuMemRetainAllocationHandle",
         }

@@ -126,6 +126,9 @@ struct Session {
     /// Functions whose failure without a waiting client was logged at warn (once each: a
     /// client cannot flood the operator's log).
     warned: Mutex<std::collections::HashSet<&'static str>>,
+    /// A capture was begun in this session: a stream may be capturing (until then no call
+    /// asks the driver).
+    captures: AtomicBool,
     /// Further connections carrying large copies (None: the session has none).
     lanes: Option<Arc<Lanes>>,
     /// The program's PID on the client's machine: its processes in NVML's lists.
@@ -342,6 +345,7 @@ pub fn run(
         windows: Mutex::default(),
         content: content.map(|(_, c)| c),
         warned: Mutex::new(std::collections::HashSet::new()),
+        captures: AtomicBool::new(false),
         lanes: lanes.map(|(_, lanes)| lanes),
         program_pid: hello.pid,
         closing: AtomicBool::new(false),
@@ -1069,6 +1073,13 @@ fn stream_of(desc: &CallDesc, raw: &[u64]) -> Option<u64> {
     })
 }
 
+/// Whether the call's stream (in `raw`) is capturing; asked of the driver only once the
+/// session has begun a capture.
+fn capturing(session: &Session, desc: &CallDesc, raw: &[u64]) -> bool {
+    session.captures.load(Ordering::Relaxed)
+        && stream_of(desc, raw).is_some_and(|stream| session.backend.stream_capturing(stream))
+}
+
 /// Where the session has `[addr, addr + len)` of what the client names: the address itself
 /// ([`device_ok`]), or where a stand-in of the client's pageable memory holds it
 /// (`crate::mirror`); None where neither.
@@ -1442,8 +1453,6 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
         }
     }
 
-    // A shareable descriptor's token: the descriptor, fetched from the session that exported
-    // it (kept open until the call returns; the library duplicates what it keeps).
     // A global's size the program did not ask for (`cuModuleGetGlobal(&dptr, NULL, ...)`):
     // the library writes it here, so the session knows how far the global reaches.
     let mut unasked_size: Option<Buffer> = None;
@@ -1456,6 +1465,8 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
         raw[o] = b.addr();
         unasked_size = Some(b);
     }
+    // A shareable descriptor's token: the descriptor, fetched from the session that exported
+    // it (kept open until the call returns; the library duplicates what it keeps).
     let mut _imported = None;
     if let Effect::ImportFd { token, .. } = effect {
         match session.ipc.fetch_fd(args.get(token).copied().unwrap_or(0)) {
@@ -1551,14 +1562,14 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
     // A copy with a side in the worker's own buffer (the program's bytes as they came, or a
     // buffer for the reply) cannot be captured: the graph would keep the buffer's address
     // past this call. The client sends such copies as copies of its memory's mirror.
-    if matches!(desc.form, Some(Form::H2d | Form::D2h))
-        && let Some(stream) = stream_of(desc, &raw)
-        && session.backend.stream_capturing(stream)
-    {
+    if matches!(desc.form, Some(Form::H2d | Form::D2h)) && capturing(session, desc, &raw) {
         let status =
             status_named(desc, &["cudaErrorStreamCaptureUnsupported", "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"])
                 .unwrap_or(desc.codes.invalid_value);
         return fail(status, format!("{}: a copy of the client's bytes on a capturing stream", desc.name));
+    }
+    if checks.capture_begin {
+        session.captures.store(true, Ordering::Relaxed);
     }
     let started = session.timing.as_ref().map(|_| std::time::Instant::now());
     let call = crate::fatal::running(desc.name);
@@ -1718,14 +1729,8 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
                 // A stream-ordered allocation on a capturing stream is the graph's: its
                 // address is allocated at each launch. (`raw`: the stream as the library got
                 // it; `args` hold the client's names for handles.)
-                let origin = if origin == Origin::Allocated
-                    && desc.name.contains("Async")
-                    && raw.last().is_some_and(|&stream| session.backend.stream_capturing(stream))
-                {
-                    Origin::Graph
-                } else {
-                    origin
-                };
+                let origin =
+                    if origin == Origin::Allocated && capturing(session, desc, &raw) { Origin::Graph } else { origin };
                 lock(&session.memory).insert(base, bytes, origin);
             }
             Effect::Free { ptr } => lock(&session.memory).remove(args.get(ptr).copied().unwrap_or(0)),
@@ -2036,6 +2041,7 @@ impl Harness {
             windows: Mutex::default(),
             content: None,
             warned: Mutex::new(std::collections::HashSet::new()),
+            captures: AtomicBool::new(false),
             lanes: None,
             program_pid: 0,
             closing: AtomicBool::new(false),
