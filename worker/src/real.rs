@@ -72,6 +72,8 @@ struct ModuleApi {
     host_unregister: unsafe extern "C" fn(*mut c_void) -> u32,
     host_get_device_pointer: unsafe extern "C" fn(*mut *mut c_void, *mut c_void, u32) -> u32,
     exchange_capture_mode: unsafe extern "C" fn(*mut u32) -> u32,
+    stream_is_capturing: unsafe extern "C" fn(u64, *mut u32) -> CuResult,
+    stream_synchronize: unsafe extern "C" fn(u64) -> CuResult,
 }
 
 const CAPTURE_MODE_RELAXED: u32 = chidori_cuda::consts::cudaStreamCaptureMode::cudaStreamCaptureModeRelaxed;
@@ -386,6 +388,8 @@ impl Real {
             host_unregister: symbol_as(&cudart, "cudaHostUnregister")?,
             host_get_device_pointer: symbol_as(&cudart, "cudaHostGetDevicePointer")?,
             exchange_capture_mode: symbol_as(&cudart, "cudaThreadExchangeStreamCaptureMode")?,
+            stream_is_capturing: fn_ptr!(driver, "cuStreamIsCapturing", _),
+            stream_synchronize: fn_ptr!(driver, "cuStreamSynchronize", _),
         };
         // SAFETY (block): each call passes valid out-pointers of the documented types.
         unsafe {
@@ -827,33 +831,18 @@ impl Backend for Real {
     }
 
     fn stream_capturing(&self, stream: u64) -> bool {
-        type IsCapturing = unsafe extern "C" fn(u64, *mut u32) -> i32;
-        // Asked before every copy of the client's bytes: looked up once (one driver per process).
-        static FUNCTION: OnceLock<Option<IsCapturing>> = OnceLock::new();
-        let Some(capturing) = *FUNCTION.get_or_init(|| self.driver_fn::<IsCapturing>("cuStreamIsCapturing").ok())
-        else {
-            return false;
-        };
-        let mut status = 0u32;
-        let none = chidori_cuda::consts::CUstreamCaptureStatus_enum::CU_STREAM_CAPTURE_STATUS_NONE;
-        // SAFETY: a stream of the session (or a special stream's value) and a local out-value.
-        unsafe { capturing(stream, &mut status) == 0 && status != none }
+        self.capture_status(stream) == Some(true)
     }
 
     fn synchronize_stream(&self, stream: u64) -> Result<(), i64> {
-        let capturing: unsafe extern "C" fn(u64, *mut u32) -> i32 =
-            self.driver_fn("cuStreamIsCapturing").map_err(|(code, _)| code)?;
-        let mut status = 0u32;
-        let none = chidori_cuda::consts::CUstreamCaptureStatus_enum::CU_STREAM_CAPTURE_STATUS_NONE;
-        // SAFETY: a stream of the session and a local out-value. A capturing stream is not
-        // waited for (that would end its capture); natively a copy of pageable memory there
-        // fails, so no program depends on it.
-        if unsafe { capturing(stream, &mut status) } != 0 || status != none {
+        // A capturing stream is not waited for (that would end its capture), nor one the
+        // driver cannot say of; natively a copy of pageable memory there fails, so no program
+        // depends on it.
+        if self.capture_status(stream) != Some(false) {
             return Ok(());
         }
-        let f: unsafe extern "C" fn(u64) -> i32 = self.driver_fn("cuStreamSynchronize").map_err(|(code, _)| code)?;
         // SAFETY: a stream of the session (or a special stream handle), which the copy just used.
-        match unsafe { f(stream) } {
+        match unsafe { (self.module_api.stream_synchronize)(stream) } {
             0 => Ok(()),
             rc => Err(i64::from(rc)),
         }
@@ -1311,6 +1300,15 @@ fn rc(status: i32, what: &str) -> Result<(), (i64, String)> {
 
 impl Real {
     /// A driver function by name, typed by the caller.
+    /// Whether `stream` (a stream of the session or a special stream's value) is capturing;
+    /// None where the driver cannot say (the legacy stream while another captures).
+    fn capture_status(&self, stream: u64) -> Option<bool> {
+        let mut status = 0u32;
+        let none = chidori_cuda::consts::CUstreamCaptureStatus_enum::CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: a stream value and a local out-value.
+        (unsafe { (self.module_api.stream_is_capturing)(stream, &mut status) } == 0).then_some(status != none)
+    }
+
     fn driver_fn<F: Copy>(&self, name: &str) -> Result<F, (i64, String)> {
         symbol_as(&self.driver, name).map_err(|e| (NOT_SUPPORTED_RT, e.to_string()))
     }
