@@ -6336,6 +6336,9 @@ fn processes_share_memory_and_events_by_cuda_ipc() {
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success() && stdout.contains("child OK") && stdout.contains("parent OK"), "{stdout}\n{stderr}");
     assert!(!stderr.contains("NOT_SUPPORTED"), "{stderr}");
+    // The second open of the same handle is the memory the first recorded (no second
+    // reservation of its addresses that would find the first one in the way).
+    assert!(!stderr.contains("overlaps"), "{stderr}");
 }
 
 /// Shareable file descriptors as NVIDIA's memMapIPCDrv uses them: a parent exports a VMM

@@ -57,15 +57,21 @@ pub unsafe fn open_memory_raw(ctx: &Ctx, args: &[u64]) -> u64 {
     }
     // SAFETY: the caller's out-pointer, written by the open that succeeded.
     let base = unsafe { std::ptr::read_unaligned(out as *const u64) };
+    // A pool's pointer goes with a free, not a close: not counted.
+    let counted = !ctx.name.contains("ImportPointer");
+    if counted && let Some(count) = lock_opens().get_mut(&base) {
+        // Open already: the same memory, recorded (and reserved here) at its first open.
+        *count += 1;
+        return status;
+    }
     // The open answers the base only: the mapping's size is asked once.
     let (mut start, mut len) = (0u64, 0u64);
     let range = [&raw mut start as u64, &raw mut len as u64, base];
     // SAFETY: two locals for the outputs, a device address by value.
     let asked = unsafe { crate::runtime::call(&chidori_cuda::calls::driver::cuMemGetAddressRange_v2__call, &range) };
     if asked == 0 && start == base && len > 0 {
-        // A pool's pointer goes with a free, not a close: not counted.
-        if !ctx.name.contains("ImportPointer") {
-            *lock_opens().entry(base).or_insert(0) += 1;
+        if counted {
+            lock_opens().insert(base, 1);
         }
         state::add(base, len, Memory::Device { device: state::current_device() });
     } else {
