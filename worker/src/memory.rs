@@ -97,35 +97,36 @@ impl Memory {
     }
 
     /// Memory opened by CUDA IPC at `base` once more (an open of a handle the session holds
-    /// open already answers the same address; each open is closed once).
+    /// open already answers the same address; each open is closed once). `len` matters at the
+    /// first open only.
     pub fn opened(&mut self, base: u64, len: u64) {
         if self.origin_at(base) == Some(Origin::Opened) {
             *self.opens.entry(base).or_insert(1) += 1;
         } else {
             self.insert(base, len, Origin::Opened);
+            self.opens.insert(base, 1);
         }
     }
 
     /// One close of the memory opened at `base`: forgotten at its last.
     pub fn closed(&mut self, base: u64) {
         match self.opens.get_mut(&base) {
-            Some(count) if *count > 2 => *count -= 1,
-            Some(_) => {
-                self.opens.remove(&base);
-            }
-            None => self.remove(base),
+            Some(count) if *count > 1 => *count -= 1,
+            _ => self.remove(base),
         }
     }
 
-    /// Forget the range starting at `base` (a free); its bytes leave the quota. A graph
-    /// allocation's address stays known ([`Origin::Graph`]).
+    /// Forget the range starting at `base` (a free, a last close); its bytes leave the quota.
+    /// A graph allocation's address stays known ([`Origin::Graph`]).
     pub fn remove(&mut self, base: u64) {
-        if self.origin_at(base) == Some(Origin::Graph) {
+        let std::collections::btree_map::Entry::Occupied(range) = self.ranges.entry(base) else { return };
+        let (len, origin) = *range.get();
+        if origin == Origin::Graph {
             return;
         }
-        if let Some((len, origin)) = self.ranges.remove(&base)
-            && origin == Origin::Allocated
-        {
+        range.remove();
+        self.opens.remove(&base);
+        if origin == Origin::Allocated {
             self.used = self.used.saturating_sub(len);
         }
     }
@@ -299,6 +300,13 @@ mod tests {
         memory.closed(0x1000);
         assert!(!memory.contains(0x1000, 1));
         assert_eq!(memory.used, 0, "opened memory is the exporter's to count");
+        // A pool's imported pointer opened twice and freed: a later open is closed once.
+        memory.opened(0x1000, 64);
+        memory.opened(0x1000, 64);
+        memory.remove(0x1000);
+        memory.opened(0x1000, 64);
+        memory.closed(0x1000);
+        assert!(!memory.contains(0x1000, 1), "no count left over from before the free");
     }
 
     #[test]

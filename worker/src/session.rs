@@ -1764,7 +1764,9 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
             Effect::Open { out, kind: crate::ipc::Kind::Memory, .. } | Effect::ImportPointer { out } => {
                 let base = buffers.get(out).and_then(Option::as_ref).and_then(|b| b.bytes().first_chunk::<8>());
                 let base = base.copied().map(u64::from_le_bytes).unwrap_or(0);
-                match opened_size(session, base) {
+                // Open already: the size is known (asked of the driver at the first open).
+                let known = lock(&session.memory).origin_at(base) == Some(Origin::Opened);
+                match if known { Some(0) } else { opened_size(session, base) } {
                     Some(len) => lock(&session.memory).opened(base, len),
                     None => tracing::warn!("{}: the size of the memory opened at {base:#x} is unknown", desc.name),
                 }
