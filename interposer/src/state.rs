@@ -490,7 +490,9 @@ static RANGES: RwLock<BTreeMap<u64, Range>> = RwLock::new(BTreeMap::new());
 /// Record a range. Device ranges are reserved in the client's address space when free. A
 /// graph's allocation is marked as such after this ([`graph_allocation`]).
 pub fn add(base: u64, len: u64, memory: Memory) {
-    GRAPH_ALLOCATIONS.lock().unwrap_or_else(|p| p.into_inner()).remove(&base);
+    if let Some(mut graph) = graph_allocations() {
+        graph.remove(&base);
+    }
     let reserved = matches!(memory, Memory::Device { .. }) && reserve(base, len);
     let mut r = RANGES.write().unwrap_or_else(|p| p.into_inner());
     let old = r.insert(base, Range { base, len, memory, reserved });
@@ -517,15 +519,24 @@ fn count_live(range: Option<&Range>, by: isize) {
 /// stream-ordered allocation captured into a graph): a free of one leaves it known, since the
 /// next launch allocates it again at the same address.
 static GRAPH_ALLOCATIONS: Mutex<BTreeSet<u64>> = Mutex::new(BTreeSet::new());
+/// Some graph allocated memory (until then allocations and frees take no lock for it).
+static ANY_GRAPH_ALLOCATION: AtomicBool = AtomicBool::new(false);
+
+fn graph_allocations() -> Option<std::sync::MutexGuard<'static, BTreeSet<u64>>> {
+    ANY_GRAPH_ALLOCATION
+        .load(std::sync::atomic::Ordering::Relaxed)
+        .then(|| GRAPH_ALLOCATIONS.lock().unwrap_or_else(|p| p.into_inner()))
+}
 
 /// The device range at `base` is a graph's allocation ([`freed`] keeps it).
 pub fn graph_allocation(base: u64) {
+    ANY_GRAPH_ALLOCATION.store(true, std::sync::atomic::Ordering::Relaxed);
     GRAPH_ALLOCATIONS.lock().unwrap_or_else(|p| p.into_inner()).insert(base);
 }
 
 /// The program freed the device memory at `base`: forgotten, unless a graph allocates it.
 pub fn freed(base: u64) {
-    if !GRAPH_ALLOCATIONS.lock().unwrap_or_else(|p| p.into_inner()).contains(&base) {
+    if !graph_allocations().is_some_and(|g| g.contains(&base)) {
         remove(base);
     }
 }

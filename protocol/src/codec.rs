@@ -244,7 +244,8 @@ pub trait Tables {
     /// Whether the client may name a new handle of `kind` `value`.
     fn name_free(&mut self, kind: HandleKind, value: u64) -> bool;
     /// Whether parameter `param` may be NULL although its kind never is a NULL handle
-    /// elsewhere (a function that does not use the handle). None by default.
+    /// elsewhere (a function that does not use the handle), or is an output handle the API
+    /// takes NULL for (the library gets NULL, not a buffer). None by default.
     fn null_ok(&mut self, _param: usize) -> bool {
         false
     }

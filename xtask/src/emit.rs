@@ -784,7 +784,7 @@ impl<'a> Emitter<'a> {
             .model
             .libraries
             .iter()
-            .flat_map(|l| l.spec.record.iter().filter(|(_, r)| r.spans && r.span_start).map(|(n, _)| n))
+            .flat_map(|l| l.spec.record.iter().filter(|(_, r)| r.span_start).map(|(n, _)| n))
             .collect();
         let span_starts = span_starts.into_iter().map(|n| lit_str(n));
         rust_file(

@@ -380,7 +380,11 @@ pub fn load(root: &Path, library: &str) -> Result<SpecFile> {
         return Ok(SpecFile::default());
     }
     let text = std::fs::read_to_string(&path)?;
-    toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+    let file: SpecFile = toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    if let Some((name, _)) = file.record.iter().find(|(_, r)| r.span_start && !r.spans) {
+        bail!("{}: record {name}: span_start needs spans = true", path.display());
+    }
+    Ok(file)
 }
 
 /// A parsed parameter kind.
