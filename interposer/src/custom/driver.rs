@@ -325,7 +325,8 @@ pub unsafe fn cuPointerGetAttribute(data: *mut c_void, attribute: u32, ptr: u64)
 // ---- Copies, in chunks ----
 
 /// A copy between the program's memory and the device on `stream` (`desc`: a
-/// cuMemcpyHtoD/DtoH form) while some capture may be active: on a capturing stream it becomes
+/// cuMemcpyHtoD/DtoH form, `to_device` its direction) while some capture may be active: on a
+/// capturing stream it becomes
 /// a node of the server's graph, which replays there, so it copies the server's mirror of the
 /// program's memory ([`memory::captured`]), sent as a device-to-device copy. None: the stream
 /// does not capture (the copy goes the usual way).
@@ -336,14 +337,14 @@ fn captured_copy(
     src: u64,
     n: u64,
     stream: u64,
+    to_device: bool,
 ) -> Option<u32> {
     if !any_active() {
         return None;
     }
     // NULL from a per-thread entry point is the thread's stream.
     let stream = if desc.name.ends_with("_ptsz") && stream == 0 { 2 } else { stream };
-    let direction = if desc.name.starts_with("cuMemcpyHtoD") { (true, false) } else { (false, true) };
-    match memory::captured(conn, Some(stream), (dst, n), (src, n), direction) {
+    match memory::captured(conn, Some(stream), (dst, n), (src, n), (to_device, !to_device)) {
         Err(status) => Some(status),
         // SAFETY: device addresses (the program's memory named by its address, which the
         // server gives its mirror's), a count and a stream, by value.
@@ -364,19 +365,20 @@ fn copy(
 ) -> u32 {
     driver(name, || {
         let conn = connection()?;
+        let host_source = matches!(
+            desc.params.get(1),
+            Some(chidori_protocol::desc::Wire::Buf { dir: chidori_protocol::desc::Dir::In, .. })
+        );
         if let Some(&stream) = tail.first()
             && n > 0
-            && let Some(status) = captured_copy(&conn, desc, dst, src, n, stream)
+            && let Some(status) = captured_copy(&conn, desc, dst, src, n, stream, host_source)
         {
             return Ok(status);
         }
         // A source of host bytes (host to device): the GPU reads it when the stream reaches
         // the copy, after every host callback enqueued before it, which may write it (as
         // for the runtime's copies).
-        if matches!(
-            desc.params.get(1),
-            Some(chidori_protocol::desc::Wire::Buf { dir: chidori_protocol::desc::Dir::In, .. })
-        ) {
+        if host_source {
             conn.wait_callbacks(tail.first().copied().unwrap_or(0));
         }
         let chunks: Vec<Vec<u64>> = (0..n.max(1))
@@ -445,7 +447,7 @@ fn copy_dtoh_async(desc: &'static chidori_protocol::desc::CallDesc, dst: u64, sr
     driver("cuMemcpyDtoHAsync_v2", || {
         let conn = connection()?;
         if n > 0
-            && let Some(status) = captured_copy(&conn, desc, dst, src, n, stream)
+            && let Some(status) = captured_copy(&conn, desc, dst, src, n, stream, false)
         {
             return Ok(status);
         }
