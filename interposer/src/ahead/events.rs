@@ -43,12 +43,20 @@ struct State {
 /// What the client knows of each event.
 pub struct Events {
     state: Mutex<Option<State>>,
-    /// Events the server made for this client and that it has not destroyed: a destroy of
-    /// one cannot be refused (one recorded and not complete is released once it is), so it
-    /// goes without waiting. Kept across what drops the rest, but a context's end.
-    live: Mutex<Option<HashSet<u64>>>,
-    /// Live events another process may record too.
-    shared: Mutex<Option<HashSet<u64>>>,
+    /// Events the server made for this client and that it has not destroyed.
+    live: Mutex<Option<Live>>,
+    /// Some live event was shared (until then a completion asks nothing more).
+    any_shared: std::sync::atomic::AtomicBool,
+}
+
+/// Events the server made for this client and that it has not destroyed: a destroy of one
+/// cannot be refused (one recorded and not complete is released once it is), so it goes
+/// without waiting. Kept across what drops the rest, but a context's end.
+#[derive(Default)]
+struct Live {
+    made: HashSet<u64>,
+    /// Those another process may record too.
+    shared: HashSet<u64>,
 }
 
 /// Records counted, for their order on a stream.
@@ -62,41 +70,47 @@ impl Default for Events {
 
 impl Events {
     pub const fn new() -> Self {
-        Events { state: Mutex::new(None), live: Mutex::new(None), shared: Mutex::new(None) }
+        Events {
+            state: Mutex::new(None),
+            live: Mutex::new(None),
+            any_shared: std::sync::atomic::AtomicBool::new(false),
+        }
     }
 
-    fn with_live<R>(&self, f: impl FnOnce(&mut HashSet<u64>) -> R) -> R {
+    fn with_live<R>(&self, f: impl FnOnce(&mut Live) -> R) -> R {
         let mut guard = self.live.lock().unwrap_or_else(|p| p.into_inner());
-        let live = guard.get_or_insert_with(HashSet::new);
-        if live.len() > MAX_EVENTS {
-            live.clear();
+        let live = guard.get_or_insert_with(Live::default);
+        // Past the bound, which events were made here is forgotten (their destroys wait);
+        // which are shared is not (a shared event is never taken as complete).
+        if live.made.len() > MAX_EVENTS {
+            live.made.clear();
         }
         f(live)
     }
 
-    /// The server made `event` for this client.
-    pub fn created(&self, event: u64) {
-        self.with_live(|l| l.insert(event));
-    }
-
-    fn with_shared<R>(&self, f: impl FnOnce(&mut HashSet<u64>) -> R) -> R {
-        let mut guard = self.shared.lock().unwrap_or_else(|p| p.into_inner());
-        let shared = guard.get_or_insert_with(HashSet::new);
-        f(shared)
-    }
-
-    /// Another process may record `event` (interprocess, or opened by CUDA IPC): only the
-    /// server can say whether it is complete.
-    pub fn shared(&self, event: u64) {
-        self.with_shared(|s| s.insert(event));
+    /// The server made `event` for this client; `shared`: another process may record it
+    /// (interprocess, or opened by CUDA IPC), so only the server can say whether it is
+    /// complete.
+    pub fn created(&self, event: u64, shared: bool) {
+        if shared {
+            self.any_shared.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        self.with_live(|l| {
+            l.made.insert(event);
+            if shared {
+                l.shared.insert(event);
+            }
+        });
     }
 
     /// `event` is destroyed: nothing is known of it any more. Whether it was live (made for
     /// this client and not destroyed before).
     pub fn destroyed(&self, event: u64) -> bool {
         self.unknown(event);
-        self.with_shared(|s| s.remove(&event));
-        self.with_live(|l| l.remove(&event))
+        self.with_live(|l| {
+            l.shared.remove(&event);
+            l.made.remove(&event)
+        })
     }
 
     /// The context's events are gone (a reset, a destroy): their handles may be given out
@@ -104,7 +118,6 @@ impl Events {
     pub fn context_ended(&self) {
         self.forget_all();
         *self.live.lock().unwrap_or_else(|p| p.into_inner()) = None;
-        *self.shared.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }
 
     fn with<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
@@ -153,7 +166,9 @@ impl Events {
 
     /// Whether `event` is known complete.
     pub fn is_complete(&self, event: u64) -> bool {
-        self.with(|s| s.complete.contains(&event)) && !self.with_shared(|s| s.contains(&event))
+        self.with(|s| s.complete.contains(&event))
+            && !(self.any_shared.load(std::sync::atomic::Ordering::Relaxed)
+                && self.with_live(|l| l.shared.contains(&event)))
     }
 
     /// Work the client cannot follow may have recorded any event again.
@@ -185,8 +200,8 @@ mod tests {
     fn events_made_for_the_client_are_live_until_destroyed_or_their_context_ends() {
         let e = Events::new();
         assert!(!e.destroyed(5), "never made");
-        e.created(5);
-        e.created(6);
+        e.created(5, false);
+        e.created(6, false);
         e.forget_all();
         assert!(e.destroyed(5), "a graph launch forgets states, not which events exist");
         assert!(!e.destroyed(5), "destroyed already");
@@ -198,8 +213,7 @@ mod tests {
     fn an_event_another_process_may_record_is_never_known_complete() {
         let e = Events::new();
         let s = stream(0x50, 0, None, 1);
-        e.created(3);
-        e.shared(3);
+        e.created(3, true);
         e.recorded(3, s, 1);
         e.drained(Scope::Stream(s), 1);
         e.complete(3);

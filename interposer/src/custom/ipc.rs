@@ -124,8 +124,7 @@ pub unsafe fn open_event_raw(ctx: &Ctx, args: &[u64]) -> u64 {
     if status == success(desc) && out != 0 {
         // SAFETY: the caller's out-pointer, written by the open that succeeded.
         let event = unsafe { std::ptr::read_unaligned(out as *const u64) };
-        CLIENT.ahead.events.created(event);
-        CLIENT.ahead.events.shared(event);
+        CLIENT.ahead.events.created(event, true);
     }
     status
 }

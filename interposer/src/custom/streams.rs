@@ -77,10 +77,8 @@ pub unsafe fn event_create_raw(ctx: &Ctx, args: &[u64]) -> u64 {
     if status == crate::runtime::success(desc) && out != 0 {
         // SAFETY: the caller's out-pointer, written by the create that succeeded.
         let event = unsafe { std::ptr::read_unaligned(out as *const u64) };
-        CLIENT.ahead.events.created(event);
-        if flags & u64::from(chidori_cuda::consts::CUevent_flags_enum::CU_EVENT_INTERPROCESS) != 0 {
-            CLIENT.ahead.events.shared(event);
-        }
+        let interprocess = u64::from(chidori_cuda::consts::CUevent_flags_enum::CU_EVENT_INTERPROCESS);
+        CLIENT.ahead.events.created(event, flags & interprocess != 0);
     }
     status
 }
