@@ -17,7 +17,7 @@
 //! driver's); the token is published as a file in the same directory, and an importing
 //! worker fetches the descriptor from the exporter over a Unix socket there (`SCM_RIGHTS`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -42,17 +42,22 @@ impl Kind {
     }
 }
 
-/// The file descriptors a session exported, by token.
-type Kept = Arc<Mutex<HashMap<u64, OwnedFd>>>;
+/// The file descriptors a session exported, by token, and their tokens oldest first.
+#[derive(Debug, Default)]
+struct KeptFds {
+    fds: HashMap<u64, OwnedFd>,
+    order: VecDeque<u64>,
+}
+
+type Kept = Arc<Mutex<KeptFds>>;
 
 /// The handles this session exported, published for the server's other sessions.
 #[derive(Debug)]
 pub struct Exports {
     dir: Option<PathBuf>,
-    mine: Mutex<Vec<PathBuf>>,
-    fds: Kept,
-    /// The tokens of `fds`, oldest first.
-    order: Mutex<std::collections::VecDeque<u64>>,
+    /// The files of the memory and event handles this session published.
+    handles: Mutex<HashSet<PathBuf>>,
+    kept: Kept,
     /// The socket other sessions fetch this one's descriptors on, once one is exported.
     socket: OnceLock<Result<PathBuf, String>>,
 }
@@ -65,7 +70,7 @@ const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl Exports {
     pub fn new(dir: Option<PathBuf>) -> Exports {
-        Exports { dir, mine: Mutex::default(), fds: Kept::default(), order: Mutex::default(), socket: OnceLock::new() }
+        Exports { dir, handles: Mutex::default(), kept: Kept::default(), socket: OnceLock::new() }
     }
 
     fn socket_path(dir: &Path, pid: u32) -> PathBuf {
@@ -82,31 +87,22 @@ impl Exports {
         let Some(dir) = &self.dir else {
             return Err("this session runs without the server's IPC directory".to_owned());
         };
-        let socket = self.socket.get_or_init(|| serve_fds(dir, self.fds.clone())).clone()?;
+        self.socket.get_or_init(|| serve_fds(dir, self.kept.clone())).clone()?;
         let token = random_token().map_err(|e| format!("a token for the descriptor: {e}"))?;
-        {
-            // The program's own close of its stand-in is not seen here, so the worker keeps
-            // each descriptor while the session lasts, the oldest closed past a bound (a
-            // descriptor holds its memory).
-            let mut kept = lock(&self.fds);
-            let mut order = lock(&self.order);
-            if order.len() >= MAX_KEPT
-                && let Some(oldest) = order.pop_front()
-            {
-                kept.remove(&oldest);
-                let _ = std::fs::remove_file(Self::token_path(dir, oldest));
-            }
-            kept.insert(token, fd);
-            order.push_back(token);
-        }
-        let path = Self::token_path(dir, token);
-        std::fs::write(&path, std::process::id().to_string())
+        std::fs::write(Self::token_path(dir, token), std::process::id().to_string())
             .map_err(|e| format!("publishing the descriptor in {}: {e}", dir.display()))?;
-        let mut mine = lock(&self.mine);
-        mine.push(path);
-        if !mine.contains(&socket) {
-            mine.push(socket);
+        // The program's own close of its stand-in is not seen here, so the worker keeps each
+        // descriptor while the session lasts, the oldest closed past a bound (a descriptor
+        // holds its memory).
+        let mut kept = lock(&self.kept);
+        if kept.order.len() >= MAX_KEPT
+            && let Some(oldest) = kept.order.pop_front()
+        {
+            kept.fds.remove(&oldest);
+            let _ = std::fs::remove_file(Self::token_path(dir, oldest));
         }
+        kept.fds.insert(token, fd);
+        kept.order.push_back(token);
         Ok(token)
     }
 
@@ -120,7 +116,7 @@ impl Exports {
         let owner = std::fs::read_to_string(Self::token_path(dir, token)).map_err(|_| refused())?;
         let pid: u32 = owner.trim().parse().map_err(|_| refused())?;
         if pid == std::process::id()
-            && let Some(fd) = lock(&self.fds).get(&token)
+            && let Some(fd) = lock(&self.kept).fds.get(&token)
         {
             return fd.try_clone().map_err(|e| format!("duplicating the descriptor: {e}"));
         }
@@ -147,17 +143,17 @@ impl Exports {
     }
 
     /// Publishes `handle`, which this session's library just wrote for one of its
-    /// allocations or events.
+    /// allocations or events (once: a handle asked again is the same).
     pub fn publish(&self, kind: Kind, handle: &[u8]) -> Result<(), String> {
         let Some(dir) = &self.dir else {
             return Err("this session runs without the server's IPC directory".to_owned());
         };
         let path = Self::path(dir, kind, handle);
-        std::fs::write(&path, std::process::id().to_string())
-            .map_err(|e| format!("publishing the handle in {}: {e}", dir.display()))?;
-        let mut mine = self.mine.lock().unwrap_or_else(|p| p.into_inner());
-        if !mine.contains(&path) {
-            mine.push(path);
+        let mut handles = lock(&self.handles);
+        if !handles.contains(&path) {
+            std::fs::write(&path, std::process::id().to_string())
+                .map_err(|e| format!("publishing the handle in {}: {e}", dir.display()))?;
+            handles.insert(path);
         }
         Ok(())
     }
@@ -174,11 +170,19 @@ impl Exports {
 
     /// The session ends: its handles are no longer published, its descriptors closed.
     pub fn withdraw(&self) {
-        for path in lock(&self.mine).drain(..) {
+        for path in lock(&self.handles).drain() {
             let _ = std::fs::remove_file(path);
         }
-        lock(&self.fds).clear();
-        lock(&self.order).clear();
+        let mut kept = lock(&self.kept);
+        if let Some(dir) = &self.dir {
+            for &token in &kept.order {
+                let _ = std::fs::remove_file(Self::token_path(dir, token));
+            }
+        }
+        if let Some(Ok(socket)) = self.socket.get() {
+            let _ = std::fs::remove_file(socket);
+        }
+        *kept = KeptFds::default();
     }
 }
 
@@ -186,10 +190,10 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// A token no one can guess (the kernel's random numbers); never 0.
+/// A number no one can guess (the server's secure random source); never 0.
 fn random_token() -> std::io::Result<u64> {
-    let mut bytes = [0u8; 8];
-    std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+    let bytes = crate::auth::random_bytes(8).map_err(|e| std::io::Error::other(e.to_string()))?;
+    let bytes: [u8; 8] = bytes.try_into().map_err(|_| std::io::Error::other("8 random bytes"))?;
     Ok(u64::from_le_bytes(bytes).max(1))
 }
 
@@ -209,9 +213,9 @@ fn serve_fds(dir: &Path, kept: Kept) -> Result<PathBuf, String> {
                 if (&stream).read_exact(&mut token).is_err() {
                     continue;
                 }
-                let kept = lock(&kept);
-                let fd = kept.get(&u64::from_le_bytes(token));
-                if let Err(e) = send_fd(&stream, fd) {
+                // A duplicate, sent once the lock is let go (an exporting call waits for it).
+                let fd = lock(&kept).fds.get(&u64::from_le_bytes(token)).and_then(|fd| fd.try_clone().ok());
+                if let Err(e) = send_fd(&stream, fd.as_ref()) {
                     tracing::debug!("sending a shared descriptor: {e}");
                 }
             }
@@ -342,7 +346,7 @@ mod tests {
             .collect();
         assert!(exporter.fetch_fd(tokens[0]).is_err(), "the oldest was closed");
         assert!(exporter.fetch_fd(tokens[MAX_KEPT]).is_ok());
-        assert_eq!(lock(&exporter.fds).len(), MAX_KEPT);
+        assert_eq!(lock(&exporter.kept).fds.len(), MAX_KEPT);
         drop(exporter);
         let _ = std::fs::remove_dir_all(dir);
     }
