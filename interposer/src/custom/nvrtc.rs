@@ -214,6 +214,9 @@ fn local_headers(request: &CompileRequest, cwd: &std::path::Path) -> Vec<(String
             dirs.push(cwd.join(dir));
         }
     }
+    // A CUDA toolkit's include directory (`-I/usr/local/cuda/include`) holds the CUDA headers,
+    // which are the server's: the client's, of another version maybe, are not sent.
+    dirs.retain(|d| !d.join("cuda.h").is_file() && !d.join("cuda_runtime.h").is_file());
     let base = request.name.as_deref().and_then(|n| Path::new(n).parent()).map_or(cwd.to_path_buf(), |d| cwd.join(d));
     let mut found: Vec<(String, String)> = Vec::new();
     let mut bytes = 0usize;
@@ -243,8 +246,8 @@ fn local_headers(request: &CompileRequest, cwd: &std::path::Path) -> Vec<(String
             }
             bytes += contents.len();
             let dir = path.parent().map_or(here.clone(), Path::to_path_buf);
-            found.push((name.to_owned(), contents.clone()));
-            pending.push((contents, dir));
+            pending.push((contents.clone(), dir));
+            found.push((name.to_owned(), contents));
         }
     }
     found
@@ -414,18 +417,29 @@ mod tests {
         std::fs::write(dir.join("common.h"), "#include \"nested.h\"\n#define A 1\n").unwrap();
         std::fs::write(dir.join("nested.h"), "#define B 2\n").unwrap();
         std::fs::write(include.join("sub/lib.h"), "#define C 3\n").unwrap();
+        // A toolkit's include directory on the client: its headers are the server's.
+        let toolkit = dir.join("cuda/include");
+        std::fs::create_dir_all(&toolkit).unwrap();
+        std::fs::write(toolkit.join("cuda.h"), "#define CLIENT_CUDA 1\n").unwrap();
+        std::fs::write(toolkit.join("cuda_fp16.h"), "#define CLIENT_FP16 1\n").unwrap();
         let request = CompileRequest {
             source: "#include \"common.h\"\n#include <sub/lib.h>\n#include <cuda_fp16.h>\n#include \"given.h\"\n"
                 .to_owned(),
             name: Some("./kernel.cu".to_owned()),
             headers: vec![("given.h".to_owned(), "#define D 4\n".to_owned())],
-            options: vec!["--gpu-architecture=sm_90".to_owned(), "-I".to_owned(), "include".to_owned()],
+            options: vec![
+                "--gpu-architecture=sm_90".to_owned(),
+                "-I".to_owned(),
+                "include".to_owned(),
+                "--include-path=cuda/include".to_owned(),
+            ],
             name_expressions: Vec::new(),
         };
         let mut found = local_headers(&request, &dir);
         found.sort();
         let names: Vec<&str> = found.iter().map(|(n, _)| n.as_str()).collect();
-        // Not cuda_fp16.h (no such file here: NVRTC's own), not the header supplied.
+        // Not cuda_fp16.h (NVRTC's own; the client toolkit's copy stays), not the header
+        // supplied.
         assert_eq!(names, ["common.h", "nested.h", "sub/lib.h"]);
         assert_eq!(found[1].1, "#define B 2\n");
         let _ = std::fs::remove_dir_all(dir);
