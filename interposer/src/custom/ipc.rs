@@ -23,7 +23,8 @@ use crate::state::{self, CLIENT, Memory};
 pub unsafe fn get_memory_handle_raw(ctx: &Ctx, args: &[u64]) -> u64 {
     let desc = ctx.form(Form::Call);
     let address = args.get(1).copied().unwrap_or(0);
-    if crate::custom::placed::sharing(address) {
+    crate::custom::placed::stop_placing();
+    if crate::custom::placed::placed(address) {
         static SAID: std::sync::Once = std::sync::Once::new();
         SAID.call_once(|| {
             tracing::warn!(
@@ -48,7 +49,7 @@ pub unsafe fn get_memory_handle_raw(ctx: &Ctx, args: &[u64]) -> u64 {
 pub unsafe fn open_memory_raw(ctx: &Ctx, args: &[u64]) -> u64 {
     let desc = ctx.form(Form::Call);
     // A process that opens may export next (torch's workers send tensors back).
-    crate::custom::placed::sharing(0);
+    crate::custom::placed::stop_placing();
     // SAFETY: the caller's arguments.
     let status = unsafe { crate::runtime::call(desc, args) };
     let out = args.first().copied().unwrap_or(0);
@@ -209,14 +210,12 @@ pub unsafe fn export_fd_raw(ctx: &Ctx, args: &[u64]) -> u64 {
     if status != success(desc) {
         return status;
     }
-    let fd = match stand_in(token).map_err(|e| e.to_string()) {
-        Ok(fd) if token != 0 => fd,
-        Ok(fd) => {
-            // SAFETY: the stand-in made above, which nothing else knows.
-            unsafe { libc::close(fd) };
-            tracing::warn!("{}: the server could not keep the descriptor (its log says why)", ctx.name);
-            return ctx.codes.invalid_value as u64;
-        }
+    if token == 0 {
+        tracing::warn!("{}: the server could not keep the descriptor (its log says why)", ctx.name);
+        return ctx.codes.invalid_value as u64;
+    }
+    let fd = match stand_in(token) {
+        Ok(fd) => fd,
         Err(e) => {
             tracing::warn!("{}: no descriptor for the program: {e}", ctx.name);
             return ctx.codes.invalid_value as u64;

@@ -50,10 +50,13 @@ fn on(conn: &Conn) -> bool {
 /// later allocations wait for the server's.
 static SHARING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// The program exported or opened a CUDA IPC handle: place nothing from now on. Whether
-/// `address` lies in memory placed before (which no IPC handle can name).
-pub fn sharing(address: u64) -> bool {
+/// The program exported or opened a CUDA IPC handle: place nothing from now on.
+pub fn stop_placing() {
     SHARING.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether `address` lies in memory placed before (which no IPC handle can name).
+pub fn placed(address: u64) -> bool {
     windows().owner(address).is_some()
 }
 
