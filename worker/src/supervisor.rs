@@ -219,10 +219,6 @@ impl Drop for Held<'_> {
 
 pub fn serve(mut options: ServeOptions) -> Result<()> {
     let found = probe(&options)?;
-    match crate::ipc::make_directory() {
-        Ok(dir) => options.ipc_dir = Some(dir),
-        Err(e) => tracing::warn!("no directory for CUDA IPC between sessions ({e}): sessions cannot share memory"),
-    }
     let max_sessions =
         if options.max_sessions > 0 { options.max_sessions } else { SESSIONS_PER_GPU * gpus_found(&found).max(1) };
     let listener = TcpListener::bind((options.bind.as_str(), options.port)).with_context(|| {
@@ -231,6 +227,11 @@ pub fn serve(mut options: ServeOptions) -> Result<()> {
             options.bind, options.port
         )
     })?;
+    // Made once the port is the server's (a server that cannot listen leaves nothing behind).
+    match crate::ipc::make_directory() {
+        Ok(dir) => options.ipc_dir = Some(dir),
+        Err(e) => tracing::warn!("no directory for CUDA IPC between sessions ({e}): sessions cannot share memory"),
+    }
     let addr = listener.local_addr()?;
     tracing::info!("chidori serve listening on {addr}: {found}; at most {max_sessions} sessions");
     if let Some((token, fingerprint)) = &options.credentials {
