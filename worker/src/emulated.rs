@@ -64,12 +64,15 @@ const _: () = {
     assert!(CAPTURE_UNSUPPORTED == driver::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED as u64);
 };
 
+/// The calling thread's current context (None: the primary context).
+fn current_context() -> Option<u64> {
+    CONTEXTS.with(|c| c.borrow().last().copied().flatten())
+}
+
 thread_local! {
-    /// The context the calling thread made current (none: the primary context, which the
-    /// real worker makes current on each executor thread as it starts).
-    static CURRENT_CONTEXT: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
-    /// The contexts each push covered, for its pop.
-    static CONTEXT_STACK: std::cell::RefCell<Vec<Option<u64>>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// The calling thread's context stack, current on top (empty or None on top: the primary
+    /// context, which the real worker makes current on each executor thread as it starts).
+    static CONTEXTS: std::cell::RefCell<Vec<Option<u64>>> = const { std::cell::RefCell::new(Vec::new()) };
     /// The calling thread's stream-capture mode (cudaThreadExchangeStreamCaptureMode).
     static CAPTURE_MODE: std::cell::Cell<u32> =
         const { std::cell::Cell::new(cudaStreamCaptureMode::cudaStreamCaptureModeGlobal) };
@@ -1179,10 +1182,10 @@ impl Backend for Emulated {
                     put_u32(a[0], chidori_cuda::consts::CUmoduleLoadingMode_enum::CU_MODULE_LAZY_LOADING);
                     SUCCESS
                 }
-                // A new context becomes the calling thread's current one.
+                // A new context is pushed on the calling thread's stack.
                 ("driver", "cuCtxCreate_v2" | "cuCtxCreate_v3") => {
                     let ctx = self.new_handle(HandleSet::Context);
-                    CURRENT_CONTEXT.set(Some(ctx));
+                    CONTEXTS.with(|c| c.borrow_mut().push(Some(ctx)));
                     put_u64(a[0], ctx);
                     SUCCESS
                 }
@@ -1190,22 +1193,27 @@ impl Backend for Emulated {
                     if a[0] != 0 && !self.state().contexts.contains(&a[0]) {
                         INVALID_HANDLE
                     } else {
-                        // A push keeps the context it covers, for the pop.
-                        if desc.name == "cuCtxPushCurrent_v2" {
-                            CONTEXT_STACK.with(|s| s.borrow_mut().push(CURRENT_CONTEXT.get()));
-                        }
-                        CURRENT_CONTEXT.set((a[0] != 0).then_some(a[0]));
+                        // A push covers the current context (its pop brings it back); a set
+                        // replaces it.
+                        let ctx = (a[0] != 0).then_some(a[0]);
+                        CONTEXTS.with(|c| {
+                            let mut c = c.borrow_mut();
+                            if desc.name != "cuCtxPushCurrent_v2" {
+                                c.pop();
+                            }
+                            c.push(ctx);
+                        });
                         SUCCESS
                     }
                 }
-                ("driver", "cuCtxPopCurrent_v2") => match CURRENT_CONTEXT.get() {
+                ("driver", "cuCtxPopCurrent_v2") => match current_context() {
                     // (CUcontext *pctx): the popped context where asked; the one it covered
                     // becomes current again.
                     Some(ctx) => {
                         if a[0] != 0 {
                             put_u64(a[0], ctx);
                         }
-                        CURRENT_CONTEXT.set(CONTEXT_STACK.with(|s| s.borrow_mut().pop()).flatten());
+                        CONTEXTS.with(|c| c.borrow_mut().pop());
                         SUCCESS
                     }
                     None => u64::from(chidori_cuda::consts::cudaError_enum::CUDA_ERROR_INVALID_CONTEXT),
@@ -1217,8 +1225,9 @@ impl Backend for Emulated {
                     if !self.state().contexts.remove(&a[0]) {
                         INVALID_HANDLE
                     } else {
-                        if CURRENT_CONTEXT.get() == Some(a[0]) {
-                            CURRENT_CONTEXT.set(None);
+                        // Current on this thread: popped.
+                        if current_context() == Some(a[0]) {
+                            CONTEXTS.with(|c| c.borrow_mut().pop());
                         }
                         SUCCESS
                     }
@@ -1735,7 +1744,7 @@ impl Backend for Emulated {
                 ("driver", "cuCtxGetCurrent") => {
                     // The primary context, which the real worker makes current on each
                     // executor thread, unless the program made one of its own current there.
-                    let current = CURRENT_CONTEXT.get();
+                    let current = current_context();
                     put_u64(a[0], current.unwrap_or_else(|| self.primary_context()));
                     SUCCESS
                 }
@@ -2157,6 +2166,29 @@ mod tests {
         // SAFETY: every pointer among the arguments is a live local of the caller, as large
         // as the call writes or reads.
         unsafe { backend.invoke(variant(name), args) }.expect(name)
+    }
+
+    /// A thread's contexts are a stack: a created one goes on top, a pop brings back the one
+    /// it covered, a destroy of the current one pops it, a set replaces the top.
+    #[test]
+    fn contexts_stack_per_thread() {
+        let b = backend();
+        let current = || {
+            let mut c = 0u64;
+            assert_eq!(call(&b, "cuCtxGetCurrent", &[&raw mut c as u64]), SUCCESS);
+            c
+        };
+        let primary = current();
+        let (mut first, mut second, mut popped) = (0u64, 0u64, 0u64);
+        assert_eq!(call(&b, "cuCtxCreate_v2", &[&raw mut first as u64, 0, 0]), SUCCESS);
+        assert_eq!(call(&b, "cuCtxCreate_v2", &[&raw mut second as u64, 0, 0]), SUCCESS);
+        assert_eq!(current(), second);
+        assert_eq!(call(&b, "cuCtxPopCurrent_v2", &[&raw mut popped as u64]), SUCCESS);
+        assert_eq!((popped, current()), (second, first), "the pop brings back the one it covered");
+        assert_eq!(call(&b, "cuCtxSetCurrent", &[second]), SUCCESS);
+        assert_eq!(current(), second, "a set replaces the top");
+        assert_eq!(call(&b, "cuCtxDestroy_v2", &[second]), SUCCESS);
+        assert_eq!(current(), primary, "the destroyed current context is popped");
     }
 
     /// Whether a shared memory object of the name in `handle` exists.
