@@ -1014,6 +1014,8 @@ impl codec::Tables for SessionTables<'_> {
                 self.checks.extents.iter().find(|&&(p, _, _)| usize::from(p) == param).copied(),
                 self.checks.extents_2d.iter().find(|&&(p, _, _, _)| usize::from(p) == param).copied(),
             ) {
+                // A fixed size (a stream memory operation's word).
+                (Some((_, u8::MAX, bytes)), _) => Some(bytes),
                 (Some((_, count, unit)), _) => arg(count.into()).checked_mul(unit),
                 (None, Some((_, pitch, width, height))) => {
                     memory::span_2d(arg(pitch.into()), arg(width.into()), arg(height.into()))

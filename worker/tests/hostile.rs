@@ -223,6 +223,27 @@ fn device_addresses_must_be_the_sessions_own() {
     assert_eq!(write(0x7e00_dead_0000), batch.codes.invalid_value, "a word outside the session");
     assert_eq!(write(base + 4094), batch.codes.invalid_value, "a word across the allocation's end");
     assert_ne!(write(base + 4092), batch.codes.invalid_value, "the session's own word");
+    // A single stream write names its word by its size; a free, an advice, a reserved
+    // range's free and a managed attachment name their address.
+    let single = newest("cuStreamWriteValue32_v2", None);
+    let write32 = |address: u64| ret_of(&harness, single, vec![0, address, 7, 0], vec![0, 0, 0, 0], &[]);
+    assert_eq!(write32(0x7e00_dead_0000), single.codes.invalid_value, "a word outside the session");
+    assert_eq!(write32(base + 4094), single.codes.invalid_value, "a word across the allocation's end");
+    assert_ne!(write32(base + 4092), single.codes.invalid_value, "the session's own word");
+    for name in ["cuMemFreeAsync", "cuMemAdvise", "cuMemAddressFree", "cuStreamAttachMemAsync"] {
+        let desc = newest(name, None);
+        let at = desc.params.iter().position(|w| matches!(w, Wire::Device)).expect(name);
+        let mut args = vec![0u64; desc.params.len()];
+        args[at] = &*heap as *const u64 as u64;
+        harness.run(&frame_of(desc, args, vec![0; desc.params.len()], &[])).unwrap();
+        let reply = harness.last_reply().unwrap();
+        let status = if reply.header.kind == Kind::AsyncError {
+            messages::decode::<messages::AsyncError>(&reply, "async error").unwrap().status
+        } else {
+            messages::decode::<Reply>(&reply, "reply").unwrap().ret as i64
+        };
+        assert_eq!(status, desc.codes.invalid_value, "{name} of a pointer into the worker's heap");
+    }
     let _ = DEVICE_LEN;
 }
 

@@ -659,7 +659,15 @@ impl<'a> Emitter<'a> {
                                     ),
                                     None => (*count, 1),
                                 };
-                                extents.insert((name.clone(), p, at(v, "extent", count)?, unit));
+                                // A fixed size (`"8"`): no count parameter, the unit is the size.
+                                let count = match count.trim().parse::<u64>() {
+                                    Ok(bytes) if unit == 1 => {
+                                        extents.insert((name.clone(), p, u8::MAX, bytes));
+                                        continue;
+                                    }
+                                    _ => at(v, "extent", count)?,
+                                };
+                                extents.insert((name.clone(), p, count, unit));
                             }
                             [pitch, width, height] => {
                                 let (pitch, width, height) =
@@ -834,7 +842,8 @@ impl<'a> Emitter<'a> {
                     of(NULL_OK, function, |e| e.0).iter().map(|(_, i)| *i)
                 }
                 /// (function, device parameter, the parameter counting its units, bytes per
-                /// unit), sorted: the bytes the device argument spans (specs' `extent`).
+                /// unit), sorted: the bytes the device argument spans (specs' `extent`); a
+                /// count of 255 names no parameter: the unit is the whole size.
                 pub static EXTENTS: &[(&str, u8, u8, u64)] = &[#(#extents),*];
                 /// The extents of `function`'s device parameters: (parameter, count, unit).
                 pub fn extents(function: &str) -> impl Iterator<Item = (u8, u8, u64)> + '_ {

@@ -917,6 +917,7 @@ fn build_variant(
         params.extend(w.params.iter().map(|(k, v)| (k.clone(), v.clone())));
         let d = classify_call(lib, env, decl, ret_is_status, w.class, &params, &fspec.extent, true, &fspec.sizes)
             .with_context(|| format!("wire form {form}"))?;
+        check_device_addresses(decl, fspec, &d).with_context(|| format!("wire form {form}"))?;
         let d = null_asks_count(fspec, d);
         if let Disposition::Unsupported { reason } = d {
             bail!("wire form {form} of {} cannot be classified: {reason}", decl.name);
@@ -968,10 +969,35 @@ fn dispose(lib: &Library, fspec: &FnSpec, env: &TypeEnv, decl: &Function, ret_is
         }
         return Ok(Disposition::GeneratedLocal { implementation: implementation.clone() });
     }
-    Ok(null_asks_count(
-        fspec,
-        classify_call(lib, env, decl, ret_is_status, fspec.class, &fspec.params, &fspec.extent, false, &fspec.sizes)?,
-    ))
+    let d =
+        classify_call(lib, env, decl, ret_is_status, fspec.class, &fspec.params, &fspec.extent, false, &fspec.sizes)?;
+    check_device_addresses(decl, fspec, &d)?;
+    Ok(null_asks_count(fspec, d))
+}
+
+/// Every 64-bit device address a forwarded call passes (`CUdeviceptr`) reaches the worker as
+/// device memory it checks is the session's (`device`, or an `extent`), or the spec says in
+/// `unchecked` why the library may have it as it is: a plain value would let a program name
+/// memory it never allocated (the worker's own buffers) to a call that writes or frees it.
+fn check_device_addresses(decl: &Function, fspec: &FnSpec, d: &Disposition) -> Result<()> {
+    let Disposition::Forward { params, .. } = d else { return Ok(()) };
+    for name in fspec.unchecked.keys() {
+        if !decl.params.iter().any(|p| &p.name == name) {
+            bail!("{}: unchecked names parameter {name}, which it does not have", decl.name);
+        }
+    }
+    for (p, w) in decl.params.iter().zip(params) {
+        let address = matches!(p.ty.trim(), "CUdeviceptr" | "CUdeviceptr_v2");
+        if address && matches!(w, Wire::Val { .. }) && !fspec.unchecked.contains_key(&p.name) {
+            bail!(
+                "{}: parameter {} is a device address that would reach the library unchecked: \
+                 give it `device` or an `extent`, or say why in `unchecked`",
+                decl.name,
+                p.name
+            );
+        }
+    }
+    Ok(())
 }
 
 /// A function whose output arrays may be NULL to ask for the count (`null_asks_count`):
@@ -1494,6 +1520,31 @@ mod tests {
             }
         }
         assert!(seen > 0);
+    }
+
+    /// A 64-bit device address that would reach the library as a plain value stops the
+    /// generator unless the spec says why; `device` and the legacy 32-bit form pass.
+    #[test]
+    fn a_device_address_travels_checked_or_says_why() {
+        let param = |name: &str, ty: &str| Param { name: name.into(), ty: ty.into() };
+        let decl = Function {
+            name: "cuStreamWriteValue32".into(),
+            ret: "CUresult".into(),
+            params: vec![param("addr", "CUdeviceptr"), param("value", "u32")],
+            variadic: false,
+        };
+        let val = |bytes| Wire::Val { bytes, float: false };
+        let forward = |params| Disposition::Forward { class: Class::Sync, params, ret: RetWire::Status };
+        let mut fspec = FnSpec::default();
+        let loose = check_device_addresses(&decl, &fspec, &forward(vec![val(8), val(4)]));
+        assert!(loose.is_err_and(|e| e.to_string().contains("parameter addr")));
+        assert!(check_device_addresses(&decl, &fspec, &forward(vec![Wire::Device, val(4)])).is_ok());
+        fspec.unchecked.insert("addr".into(), "a hint".into());
+        assert!(check_device_addresses(&decl, &fspec, &forward(vec![val(8), val(4)])).is_ok());
+        fspec.unchecked.insert("nothing".into(), "a typo".into());
+        assert!(check_device_addresses(&decl, &fspec, &forward(vec![val(8), val(4)])).is_err());
+        let legacy = Function { params: vec![param("addr", "CUdeviceptr_v1"), param("value", "u32")], ..decl };
+        assert!(check_device_addresses(&legacy, &FnSpec::default(), &forward(vec![val(4), val(4)])).is_ok());
     }
 
     #[test]

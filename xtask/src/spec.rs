@@ -67,9 +67,12 @@
 //! required = ["xDesc"]             # a handle parameter never NULL (its kind may be)
 //! null_ok = ["handle"]             # a handle parameter that may be NULL (its kind may not),
 //!                                  # or an output handle the API takes NULL for
-//! extent = { dst = "count", devPtr = "N * 4", dst2 = "dpitch, width, height" }
+//! extent = { dst = "count", devPtr = "N * 4", addr = "8", dst2 = "dpitch, width, height" }
 //!                                  # the bytes a device parameter spans (checked whole;
 //!                                  # a 64-bit one without a wire spec is `device` by it)
+//! unchecked = { addr = "a placement hint: the driver maps nothing there" }
+//!                                  # a CUdeviceptr the worker passes unchecked; every other
+//!                                  # one is `device` or has an extent, or the generator stops
 //! addresses = { dptrs = "sizes", workArea = "" }  # host arrays of device addresses (sizes)
 //!
 //! [record.cudaResourceDesc]        # what the worker checks in every input record of a type
@@ -335,11 +338,16 @@ pub struct FnSpec {
     #[serde(default)]
     pub null_ok: Vec<String>,
     /// Device parameter → the bytes it spans, all of which the worker checks are the
-    /// session's memory: `"count"` or `"N * 4"` (a parameter, times a unit), or
-    /// `"pitch, width, height"` (a pitched range: `(height − 1) × pitch + width` bytes).
+    /// session's memory: `"count"` or `"N * 4"` (a parameter, times a unit), `"8"` (a
+    /// fixed size), or `"pitch, width, height"` (a pitched range: `(height − 1) × pitch + width` bytes).
     /// Without one a device parameter is checked at its address.
     #[serde(default)]
     pub extent: BTreeMap<String, String>,
+    /// 64-bit device address parameter → why it goes to the library unchecked (a placement
+    /// hint, a question whose answer names nothing). Every other `CUdeviceptr` parameter of
+    /// a forwarded call is `device` or has an `extent`, or the generator stops.
+    #[serde(default)]
+    pub unchecked: BTreeMap<String, String>,
     /// Host array of device addresses → the parameter holding their sizes in bytes, or ""
     /// where none does: the worker checks every address (batched prefetches and discards,
     /// cuFFT's work areas).

@@ -3768,12 +3768,16 @@ pub fn null_ok(function: &str) -> impl Iterator<Item = u8> + '_ {
     of(NULL_OK, function, |e| e.0).iter().map(|(_, i)| *i)
 }
 /// (function, device parameter, the parameter counting its units, bytes per
-/// unit), sorted: the bytes the device argument spans (specs' `extent`).
+/// unit), sorted: the bytes the device argument spans (specs' `extent`); a
+/// count of 255 names no parameter: the unit is the whole size.
 pub static EXTENTS: &[(&str, u8, u8, u64)] = &[
+    ("cuMemMap", 0u8, 1u8, 1u64),
     ("cuMemPrefetchAsync", 0u8, 1u8, 1u64),
     ("cuMemPrefetchAsync_ptsz", 0u8, 1u8, 1u64),
     ("cuMemPrefetchAsync_v2", 0u8, 1u8, 1u64),
     ("cuMemPrefetchAsync_v2_ptsz", 0u8, 1u8, 1u64),
+    ("cuMemSetAccess", 0u8, 1u8, 1u64),
+    ("cuMemUnmap", 0u8, 1u8, 1u64),
     ("cuMemcpy", 0u8, 2u8, 1u64),
     ("cuMemcpy", 1u8, 2u8, 1u64),
     ("cuMemcpyAsync", 0u8, 2u8, 1u64),
@@ -3833,6 +3837,24 @@ pub static EXTENTS: &[(&str, u8, u8, u64)] = &[
     ("cuMemsetD8Async_ptsz", 0u8, 2u8, 1u64),
     ("cuMemsetD8_v2", 0u8, 2u8, 1u64),
     ("cuMemsetD8_v2_ptds", 0u8, 2u8, 1u64),
+    ("cuMulticastBindAddr", 2u8, 3u8, 1u64),
+    ("cuMulticastBindAddr_v2", 3u8, 4u8, 1u64),
+    ("cuStreamWaitValue32", 1u8, 255u8, 4u64),
+    ("cuStreamWaitValue32_ptsz", 1u8, 255u8, 4u64),
+    ("cuStreamWaitValue32_v2", 1u8, 255u8, 4u64),
+    ("cuStreamWaitValue32_v2_ptsz", 1u8, 255u8, 4u64),
+    ("cuStreamWaitValue64", 1u8, 255u8, 8u64),
+    ("cuStreamWaitValue64_ptsz", 1u8, 255u8, 8u64),
+    ("cuStreamWaitValue64_v2", 1u8, 255u8, 8u64),
+    ("cuStreamWaitValue64_v2_ptsz", 1u8, 255u8, 8u64),
+    ("cuStreamWriteValue32", 1u8, 255u8, 4u64),
+    ("cuStreamWriteValue32_ptsz", 1u8, 255u8, 4u64),
+    ("cuStreamWriteValue32_v2", 1u8, 255u8, 4u64),
+    ("cuStreamWriteValue32_v2_ptsz", 1u8, 255u8, 4u64),
+    ("cuStreamWriteValue64", 1u8, 255u8, 8u64),
+    ("cuStreamWriteValue64_ptsz", 1u8, 255u8, 8u64),
+    ("cuStreamWriteValue64_v2", 1u8, 255u8, 8u64),
+    ("cuStreamWriteValue64_v2_ptsz", 1u8, 255u8, 8u64),
     ("cudaMemPrefetchAsync", 0u8, 1u8, 1u64),
     ("cudaMemPrefetchAsync_ptsz", 0u8, 1u8, 1u64),
     ("cudaMemPrefetchAsync_v2", 0u8, 1u8, 1u64),
