@@ -55,6 +55,8 @@ type Kept = Arc<Mutex<KeptFds>>;
 #[derive(Debug)]
 pub struct Exports {
     dir: Option<PathBuf>,
+    /// The directory's lock file, held shared while the session runs (see [`hold`]).
+    _held: Option<std::fs::File>,
     /// The files of the memory and event handles this session published.
     handles: Mutex<HashSet<PathBuf>>,
     kept: Kept,
@@ -70,7 +72,10 @@ const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl Exports {
     pub fn new(dir: Option<PathBuf>) -> Exports {
-        Exports { dir, handles: Mutex::default(), kept: Kept::default(), socket: OnceLock::new() }
+        let held = dir
+            .as_deref()
+            .and_then(|d| hold(d).map_err(|e| tracing::warn!("holding the IPC directory {}: {e}", d.display())).ok());
+        Exports { dir, _held: held, handles: Mutex::default(), kept: Kept::default(), socket: OnceLock::new() }
     }
 
     fn socket_path(dir: &Path, pid: u32) -> PathBuf {
@@ -299,19 +304,96 @@ impl Drop for Exports {
 /// The directory the supervisor's sessions publish their exports in: new, private to the
 /// server's user, under the system's temporary directory (named by the process and a random
 /// number, so that no other server's, in another process namespace sharing the directory,
-/// is ever taken or removed).
-pub fn make_directory() -> std::io::Result<PathBuf> {
+/// is ever taken). With it, the supervisor's hold on it ([`hold`]), kept while it runs.
+pub fn make_directory() -> std::io::Result<(PathBuf, std::fs::File)> {
+    make_directory_in(&std::env::temp_dir())
+}
+
+fn make_directory_in(root: &Path) -> std::io::Result<(PathBuf, std::fs::File)> {
     use std::os::unix::fs::DirBuilderExt;
     let mut last = std::io::Error::other("no attempt");
     for _ in 0..8 {
-        let dir = std::env::temp_dir().join(format!("chidori-ipc-{}-{:016x}", std::process::id(), random_token()?));
+        let dir = root.join(format!("{DIRECTORY_PREFIX}{}-{:016x}", std::process::id(), random_token()?));
         match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
-            Ok(()) => return Ok(dir),
+            Ok(()) => {
+                let held = hold(&dir)?;
+                return Ok((dir, held));
+            }
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = e,
             Err(e) => return Err(e),
         }
     }
     Err(last)
+}
+
+/// What a server's IPC directory is named with, then `PID-RANDOM` (16 hex digits).
+const DIRECTORY_PREFIX: &str = "chidori-ipc-";
+
+/// The file in a server's IPC directory that its supervisor and each of its session workers
+/// hold a shared lock on while they run (`flock`, which process namespaces sharing the
+/// directory see alike): a directory whose lock no one holds is a stopped server's.
+const HELD: &str = ".held";
+
+/// Hold `dir` for as long as the returned file stays open.
+fn hold(dir: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new().create(true).append(true).mode(0o600).open(dir.join(HELD))?;
+    loop {
+        // SAFETY: a descriptor the file owns; flock takes no pointer.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH) } == 0 {
+            return Ok(file);
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// Remove the IPC directories of stopped servers (a server killed outright leaves its own)
+/// that this user owns under the system's temporary directory: the number removed.
+pub fn sweep() -> usize {
+    sweep_in(&std::env::temp_dir(), Duration::from_secs(60))
+}
+
+/// As [`sweep`], under `root`; a directory younger than `young` is left alone whatever its
+/// lock says (a server may be making it).
+fn sweep_in(root: &Path, young: Duration) -> usize {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(entries) = std::fs::read_dir(root) else { return 0 };
+    // SAFETY: geteuid takes nothing and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some((pid, random)) = name.to_str().and_then(|n| n.strip_prefix(DIRECTORY_PREFIX)?.split_once('-')) else {
+            continue;
+        };
+        let ours = !pid.is_empty()
+            && pid.bytes().all(|b| b.is_ascii_digit())
+            && random.len() == 16
+            && random.bytes().all(|b| b.is_ascii_hexdigit());
+        // Not through a link, and only this user's.
+        let Ok(meta) = std::fs::symlink_metadata(entry.path()) else { continue };
+        if !ours || !meta.is_dir() || meta.uid() != me {
+            continue;
+        }
+        if meta.modified().ok().and_then(|m| m.elapsed().ok()).is_none_or(|age| age < young) {
+            continue;
+        }
+        let dir = entry.path();
+        // An exclusive lock taken means no supervisor or session holds it; a directory
+        // without the file is an older server's.
+        let free = match std::fs::File::open(dir.join(HELD)) {
+            // SAFETY: a descriptor the file owns; flock takes no pointer.
+            Ok(f) => (unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }) == 0,
+            Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+        };
+        if free && std::fs::remove_dir_all(&dir).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
 }
 
 #[cfg(test)]
@@ -354,10 +436,39 @@ mod tests {
     #[test]
     fn each_server_makes_a_directory_of_its_own_that_only_its_user_can_enter() {
         use std::os::unix::fs::PermissionsExt;
-        let (a, b) = (make_directory().expect("one"), make_directory().expect("another"));
+        let ((a, _a), (b, _b)) = (make_directory().expect("one"), make_directory().expect("another"));
         assert_ne!(a, b);
         assert_eq!(std::fs::metadata(&a).expect("made").permissions().mode() & 0o777, 0o700);
-        let _ = (std::fs::remove_dir(a), std::fs::remove_dir(b));
+        let _ = (std::fs::remove_dir_all(a), std::fs::remove_dir_all(b));
+    }
+
+    /// A stopped server's directory goes at the next server's start; one its supervisor or
+    /// any of its sessions still holds stays, as do a young one, another user's naming and
+    /// what is no directory of this form.
+    #[test]
+    fn stopped_servers_directories_are_swept_and_held_ones_stay() {
+        let root = std::env::temp_dir().join(format!("chidori-ipc-sweep-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(&root).expect("root");
+        let (running, supervisor) = make_directory_in(&root).expect("a running server's");
+        let (stopped, held) = make_directory_in(&root).expect("a stopped server's");
+        drop(held);
+        let (orphaned, held) = make_directory_in(&root).expect("a server whose session outlives it");
+        let session = Exports::new(Some(orphaned.clone()));
+        drop(held);
+        let older = root.join(format!("{DIRECTORY_PREFIX}12-{:016x}", 5));
+        let other = root.join(format!("{DIRECTORY_PREFIX}test-{}", 7));
+        for d in [&older, &other] {
+            std::fs::create_dir(d).expect("directory");
+        }
+        assert_eq!(sweep_in(&root, Duration::from_secs(3600)), 0, "all are young");
+        assert_eq!(sweep_in(&root, Duration::ZERO), 2, "the stopped one and the one without a lock file");
+        assert!(running.is_dir() && orphaned.is_dir() && other.is_dir());
+        assert!(!stopped.exists() && !older.exists());
+        drop((supervisor, session));
+        assert_eq!(sweep_in(&root, Duration::ZERO), 2);
+        assert!(!running.exists() && !orphaned.exists() && other.is_dir());
+        let _ = std::fs::remove_dir_all(root);
     }
 
     #[test]

@@ -227,11 +227,23 @@ pub fn serve(mut options: ServeOptions) -> Result<()> {
             options.bind, options.port
         )
     })?;
-    // Made once the port is the server's (a server that cannot listen leaves nothing behind).
-    match crate::ipc::make_directory() {
-        Ok(dir) => options.ipc_dir = Some(dir),
-        Err(e) => tracing::warn!("no directory for CUDA IPC between sessions ({e}): sessions cannot share memory"),
+    // Made once the port is the server's (a server that cannot listen leaves nothing behind);
+    // stopped servers' directories go first (one killed outright cannot remove its own).
+    let swept = crate::ipc::sweep();
+    if swept > 0 {
+        tracing::debug!("removed {swept} CUDA IPC directories of stopped servers");
     }
+    // The hold lasts while the server runs: `serve` returns only as it stops.
+    let _held = match crate::ipc::make_directory() {
+        Ok((dir, held)) => {
+            options.ipc_dir = Some(dir);
+            Some(held)
+        }
+        Err(e) => {
+            tracing::warn!("no directory for CUDA IPC between sessions ({e}): sessions cannot share memory");
+            None
+        }
+    };
     let addr = listener.local_addr()?;
     tracing::info!("chidori serve listening on {addr}: {found}; at most {max_sessions} sessions");
     if let Some((token, fingerprint)) = &options.credentials {
