@@ -4245,6 +4245,9 @@ int main(void) {
   CHECK(cuMemGetAddressRange(&base, &size, pm + 100));
   EXPECT(base == pm && size == 4096);
   CHECK(cuMemFreeAsync(pm, s));
+  /* Freed in the stream's order: the interval map forgets it, and the driver knows no range. */
+  CHECK(cuStreamSynchronize(s));
+  EXPECT(cuMemGetAddressRange(&base, &size, pm + 100) != CUDA_SUCCESS);
 
   /* A graph: memset then a device-to-device copy node, replayed. */
   unsigned char bytes[64];

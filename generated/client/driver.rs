@@ -6901,38 +6901,50 @@ pub unsafe extern "C" fn __chidori_driver_cuMemExportToShareableHandle(
         }) as u32
     }
 }
-///`cuMemFree` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_driver_cuMemFree(dptr: u32) -> u32 {
-    unsafe {
-        crate::runtime::call(&chidori_cuda::calls::driver::cuMemFree, &[(dptr) as u64])
-            as u32
-    }
-}
-///`cuMemFreeAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
+///`cuMemFreeAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemFreeAsync(
     dptr: u64,
     hStream: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuMemFreeAsync,
-            &[(dptr) as u64, (hStream) as usize as u64],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemFreeAsync",
+            version: "13.5",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuMemFreeAsync__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::mem_free_async(&CTX, dptr, hStream)
     }
 }
-///`cuMemFreeAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
+///`cuMemFreeAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemFreeAsync_ptsz(
     dptr: u64,
     hStream: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuMemFreeAsync_ptsz,
-            &[(dptr) as u64, (hStream) as usize as u64],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemFreeAsync_ptsz",
+            version: "13.5",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuMemFreeAsync_ptsz__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::mem_free_async(&CTX, dptr, hStream)
     }
 }
 ///`cuMemFreeHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (local).
@@ -8777,26 +8789,6 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyAtoA_v2_ptds(
         ) as u32
     }
 }
-///`cuMemcpyAtoD` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_driver_cuMemcpyAtoD(
-    dstDevice: u32,
-    srcArray: *mut c_void,
-    srcOffset: u32,
-    ByteCount: u32,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuMemcpyAtoD,
-            &[
-                (dstDevice) as u64,
-                (srcArray) as usize as u64,
-                (srcOffset) as u64,
-                (ByteCount) as u64,
-            ],
-        ) as u32
-    }
-}
 ///`cuMemcpyAtoD_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpyAtoD_v2(
@@ -9315,26 +9307,6 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyBatchAsync_v2_ptsz__cu135(
         }) as u32
     }
 }
-///`cuMemcpyDtoA` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_driver_cuMemcpyDtoA(
-    dstArray: *mut c_void,
-    dstOffset: u32,
-    srcDevice: u32,
-    ByteCount: u32,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuMemcpyDtoA,
-            &[
-                (dstArray) as usize as u64,
-                (dstOffset) as u64,
-                (srcDevice) as u64,
-                (ByteCount) as u64,
-            ],
-        ) as u32
-    }
-}
 ///`cuMemcpyDtoA_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpyDtoA_v2(
@@ -9371,40 +9343,6 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyDtoA_v2_ptds(
                 (dstOffset) as u64,
                 (srcDevice) as u64,
                 (ByteCount) as u64,
-            ],
-        ) as u32
-    }
-}
-///`cuMemcpyDtoD` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_driver_cuMemcpyDtoD(
-    dstDevice: u32,
-    srcDevice: u32,
-    ByteCount: u32,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuMemcpyDtoD,
-            &[(dstDevice) as u64, (srcDevice) as u64, (ByteCount) as u64],
-        ) as u32
-    }
-}
-///`cuMemcpyDtoDAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_driver_cuMemcpyDtoDAsync(
-    dstDevice: u32,
-    srcDevice: u32,
-    ByteCount: u32,
-    hStream: *mut c_void,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuMemcpyDtoDAsync,
-            &[
-                (dstDevice) as u64,
-                (srcDevice) as u64,
-                (ByteCount) as u64,
-                (hStream) as usize as u64,
             ],
         ) as u32
     }
@@ -10022,20 +9960,6 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpy_ptds(
         }) as u32
     }
 }
-///`cuMemsetD16` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_driver_cuMemsetD16(
-    dstDevice: u32,
-    us: u16,
-    N: u32,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuMemsetD16,
-            &[(dstDevice) as u64, (us) as u64, (N) as u64],
-        ) as u32
-    }
-}
 ///`cuMemsetD16Async` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemsetD16Async(
@@ -10091,28 +10015,6 @@ pub unsafe extern "C" fn __chidori_driver_cuMemsetD16_v2_ptds(
         crate::runtime::call(
             &chidori_cuda::calls::driver::cuMemsetD16_v2_ptds,
             &[(dstDevice) as u64, (us) as u64, (N) as u64],
-        ) as u32
-    }
-}
-///`cuMemsetD2D16` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_driver_cuMemsetD2D16(
-    dstDevice: u32,
-    dstPitch: u32,
-    us: u16,
-    Width: u32,
-    Height: u32,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuMemsetD2D16,
-            &[
-                (dstDevice) as u64,
-                (dstPitch) as u64,
-                (us) as u64,
-                (Width) as u64,
-                (Height) as u64,
-            ],
         ) as u32
     }
 }
@@ -10202,28 +10104,6 @@ pub unsafe extern "C" fn __chidori_driver_cuMemsetD2D16_v2_ptds(
                 (dstDevice) as u64,
                 (dstPitch) as u64,
                 (us) as u64,
-                (Width) as u64,
-                (Height) as u64,
-            ],
-        ) as u32
-    }
-}
-///`cuMemsetD2D32` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_driver_cuMemsetD2D32(
-    dstDevice: u32,
-    dstPitch: u32,
-    ui: u32,
-    Width: u32,
-    Height: u32,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuMemsetD2D32,
-            &[
-                (dstDevice) as u64,
-                (dstPitch) as u64,
-                (ui) as u64,
                 (Width) as u64,
                 (Height) as u64,
             ],
@@ -10322,28 +10202,6 @@ pub unsafe extern "C" fn __chidori_driver_cuMemsetD2D32_v2_ptds(
         ) as u32
     }
 }
-///`cuMemsetD2D8` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_driver_cuMemsetD2D8(
-    dstDevice: u32,
-    dstPitch: u32,
-    uc: u8,
-    Width: u32,
-    Height: u32,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuMemsetD2D8,
-            &[
-                (dstDevice) as u64,
-                (dstPitch) as u64,
-                (uc) as u64,
-                (Width) as u64,
-                (Height) as u64,
-            ],
-        ) as u32
-    }
-}
 ///`cuMemsetD2D8Async` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemsetD2D8Async(
@@ -10436,20 +10294,6 @@ pub unsafe extern "C" fn __chidori_driver_cuMemsetD2D8_v2_ptds(
         ) as u32
     }
 }
-///`cuMemsetD32` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_driver_cuMemsetD32(
-    dstDevice: u32,
-    ui: u32,
-    N: u32,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuMemsetD32,
-            &[(dstDevice) as u64, (ui) as u64, (N) as u64],
-        ) as u32
-    }
-}
 ///`cuMemsetD32Async` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemsetD32Async(
@@ -10505,20 +10349,6 @@ pub unsafe extern "C" fn __chidori_driver_cuMemsetD32_v2_ptds(
         crate::runtime::call(
             &chidori_cuda::calls::driver::cuMemsetD32_v2_ptds,
             &[(dstDevice) as u64, (ui) as u64, (N) as u64],
-        ) as u32
-    }
-}
-///`cuMemsetD8` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_driver_cuMemsetD8(
-    dstDevice: u32,
-    uc: u8,
-    N: u32,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuMemsetD8,
-            &[(dstDevice) as u64, (uc) as u64, (N) as u64],
         ) as u32
     }
 }
@@ -13870,46 +13700,6 @@ pub unsafe extern "C" fn __chidori_driver_cuTexRefGetMipmappedArray(
         crate::runtime::call(
             &chidori_cuda::calls::driver::cuTexRefGetMipmappedArray,
             &[(phMipmappedArray) as usize as u64, (hTexRef) as usize as u64],
-        ) as u32
-    }
-}
-///`cuTexRefSetAddress` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_driver_cuTexRefSetAddress(
-    ByteOffset: *mut c_void,
-    hTexRef: *mut c_void,
-    dptr: u32,
-    bytes: u32,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuTexRefSetAddress,
-            &[
-                (ByteOffset) as usize as u64,
-                (hTexRef) as usize as u64,
-                (dptr) as u64,
-                (bytes) as u64,
-            ],
-        ) as u32
-    }
-}
-///`cuTexRefSetAddress2D` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1, 13.5 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_driver_cuTexRefSetAddress2D(
-    hTexRef: *mut c_void,
-    desc: *mut c_void,
-    dptr: u32,
-    Pitch: u32,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuTexRefSetAddress2D,
-            &[
-                (hTexRef) as usize as u64,
-                (desc) as usize as u64,
-                (dptr) as u64,
-                (Pitch) as u64,
-            ],
         ) as u32
     }
 }

@@ -996,7 +996,6 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuMemExportToShareableHandle" => {
             Some(driver::__chidori_driver_cuMemExportToShareableHandle as *const c_void)
         }
-        "cuMemFree" => Some(driver::__chidori_driver_cuMemFree as *const c_void),
         "cuMemFreeAsync" => {
             Some(driver::__chidori_driver_cuMemFreeAsync as *const c_void)
         }
@@ -1224,7 +1223,6 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuMemcpyAtoA_v2_ptds" => {
             Some(driver::__chidori_driver_cuMemcpyAtoA_v2_ptds as *const c_void)
         }
-        "cuMemcpyAtoD" => Some(driver::__chidori_driver_cuMemcpyAtoD as *const c_void),
         "cuMemcpyAtoD_v2" => {
             Some(driver::__chidori_driver_cuMemcpyAtoD_v2 as *const c_void)
         }
@@ -1264,16 +1262,11 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
                     as *const c_void,
             )
         }
-        "cuMemcpyDtoA" => Some(driver::__chidori_driver_cuMemcpyDtoA as *const c_void),
         "cuMemcpyDtoA_v2" => {
             Some(driver::__chidori_driver_cuMemcpyDtoA_v2 as *const c_void)
         }
         "cuMemcpyDtoA_v2_ptds" => {
             Some(driver::__chidori_driver_cuMemcpyDtoA_v2_ptds as *const c_void)
-        }
-        "cuMemcpyDtoD" => Some(driver::__chidori_driver_cuMemcpyDtoD as *const c_void),
-        "cuMemcpyDtoDAsync" => {
-            Some(driver::__chidori_driver_cuMemcpyDtoDAsync as *const c_void)
         }
         "cuMemcpyDtoDAsync_v2" => {
             Some(driver::__chidori_driver_cuMemcpyDtoDAsync_v2 as *const c_void)
@@ -1347,7 +1340,6 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
             )
         }
         "cuMemcpy_ptds" => Some(driver::__chidori_driver_cuMemcpy_ptds as *const c_void),
-        "cuMemsetD16" => Some(driver::__chidori_driver_cuMemsetD16 as *const c_void),
         "cuMemsetD16Async" => {
             Some(driver::__chidori_driver_cuMemsetD16Async as *const c_void)
         }
@@ -1360,7 +1352,6 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuMemsetD16_v2_ptds" => {
             Some(driver::__chidori_driver_cuMemsetD16_v2_ptds as *const c_void)
         }
-        "cuMemsetD2D16" => Some(driver::__chidori_driver_cuMemsetD2D16 as *const c_void),
         "cuMemsetD2D16Async" => {
             Some(driver::__chidori_driver_cuMemsetD2D16Async as *const c_void)
         }
@@ -1373,7 +1364,6 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuMemsetD2D16_v2_ptds" => {
             Some(driver::__chidori_driver_cuMemsetD2D16_v2_ptds as *const c_void)
         }
-        "cuMemsetD2D32" => Some(driver::__chidori_driver_cuMemsetD2D32 as *const c_void),
         "cuMemsetD2D32Async" => {
             Some(driver::__chidori_driver_cuMemsetD2D32Async as *const c_void)
         }
@@ -1386,7 +1376,6 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuMemsetD2D32_v2_ptds" => {
             Some(driver::__chidori_driver_cuMemsetD2D32_v2_ptds as *const c_void)
         }
-        "cuMemsetD2D8" => Some(driver::__chidori_driver_cuMemsetD2D8 as *const c_void),
         "cuMemsetD2D8Async" => {
             Some(driver::__chidori_driver_cuMemsetD2D8Async as *const c_void)
         }
@@ -1399,7 +1388,6 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuMemsetD2D8_v2_ptds" => {
             Some(driver::__chidori_driver_cuMemsetD2D8_v2_ptds as *const c_void)
         }
-        "cuMemsetD32" => Some(driver::__chidori_driver_cuMemsetD32 as *const c_void),
         "cuMemsetD32Async" => {
             Some(driver::__chidori_driver_cuMemsetD32Async as *const c_void)
         }
@@ -1412,7 +1400,6 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuMemsetD32_v2_ptds" => {
             Some(driver::__chidori_driver_cuMemsetD32_v2_ptds as *const c_void)
         }
-        "cuMemsetD8" => Some(driver::__chidori_driver_cuMemsetD8 as *const c_void),
         "cuMemsetD8Async" => {
             Some(driver::__chidori_driver_cuMemsetD8Async as *const c_void)
         }
@@ -1919,12 +1906,6 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         }
         "cuTexRefGetMipmappedArray" => {
             Some(driver::__chidori_driver_cuTexRefGetMipmappedArray as *const c_void)
-        }
-        "cuTexRefSetAddress" => {
-            Some(driver::__chidori_driver_cuTexRefSetAddress as *const c_void)
-        }
-        "cuTexRefSetAddress2D" => {
-            Some(driver::__chidori_driver_cuTexRefSetAddress2D as *const c_void)
         }
         "cuTexRefSetAddress2D_v2" => {
             Some(driver::__chidori_driver_cuTexRefSetAddress2D_v2 as *const c_void)

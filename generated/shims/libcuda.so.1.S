@@ -1880,7 +1880,10 @@ cuMemExportToShareableHandle:
     .globl cuMemFree
     .type cuMemFree, @function
 cuMemFree:
-    jmp __chidori_driver_cuMemFree@PLT
+    leaq .Lname42(%rip), %rdi
+    movq $801, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size cuMemFree, .-cuMemFree
     .globl cuMemFreeAsync
     .type cuMemFreeAsync, @function
@@ -1910,7 +1913,7 @@ cuMemGetAccess:
     .globl cuMemGetAddressRange
     .type cuMemGetAddressRange, @function
 cuMemGetAddressRange:
-    leaq .Lname42(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1938,7 +1941,7 @@ cuMemGetDefaultMemPool:
     .globl cuMemGetHandleForAddressRange
     .type cuMemGetHandleForAddressRange, @function
 cuMemGetHandleForAddressRange:
-    leaq .Lname43(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1956,7 +1959,7 @@ cuMemGetInfo_v2:
     .globl cuMemGetLocationInfo
     .type cuMemGetLocationInfo, @function
 cuMemGetLocationInfo:
-    leaq .Lname44(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1974,7 +1977,7 @@ cuMemHostAlloc:
     .globl cuMemHostGetDevicePointer
     .type cuMemHostGetDevicePointer, @function
 cuMemHostGetDevicePointer:
-    leaq .Lname45(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2152,7 +2155,7 @@ cuMemcpy:
     .globl cuMemcpy2D
     .type cuMemcpy2D, @function
 cuMemcpy2D:
-    leaq .Lname46(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2160,7 +2163,7 @@ cuMemcpy2D:
     .globl cuMemcpy2DAsync
     .type cuMemcpy2DAsync, @function
 cuMemcpy2DAsync:
-    leaq .Lname47(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2178,7 +2181,7 @@ cuMemcpy2DAsync_v2_ptsz:
     .globl cuMemcpy2DUnaligned
     .type cuMemcpy2DUnaligned, @function
 cuMemcpy2DUnaligned:
-    leaq .Lname48(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2206,7 +2209,7 @@ cuMemcpy2D_v2_ptds:
     .globl cuMemcpy3D
     .type cuMemcpy3D, @function
 cuMemcpy3D:
-    leaq .Lname49(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2214,7 +2217,7 @@ cuMemcpy3D:
     .globl cuMemcpy3DAsync
     .type cuMemcpy3DAsync, @function
 cuMemcpy3DAsync:
-    leaq .Lname50(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2317,7 +2320,10 @@ cuMemcpyAtoA_v2_ptds:
     .globl cuMemcpyAtoD
     .type cuMemcpyAtoD, @function
 cuMemcpyAtoD:
-    jmp __chidori_driver_cuMemcpyAtoD@PLT
+    leaq .Lname52(%rip), %rdi
+    movq $801, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size cuMemcpyAtoD, .-cuMemcpyAtoD
     .globl cuMemcpyAtoD_v2
     .type cuMemcpyAtoD_v2, @function
@@ -2382,7 +2388,10 @@ cuMemcpyBatchAsync_v2_ptsz:
     .globl cuMemcpyDtoA
     .type cuMemcpyDtoA, @function
 cuMemcpyDtoA:
-    jmp __chidori_driver_cuMemcpyDtoA@PLT
+    leaq .Lname53(%rip), %rdi
+    movq $801, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size cuMemcpyDtoA, .-cuMemcpyDtoA
     .globl cuMemcpyDtoA_v2
     .type cuMemcpyDtoA_v2, @function
@@ -2397,12 +2406,18 @@ cuMemcpyDtoA_v2_ptds:
     .globl cuMemcpyDtoD
     .type cuMemcpyDtoD, @function
 cuMemcpyDtoD:
-    jmp __chidori_driver_cuMemcpyDtoD@PLT
+    leaq .Lname54(%rip), %rdi
+    movq $801, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size cuMemcpyDtoD, .-cuMemcpyDtoD
     .globl cuMemcpyDtoDAsync
     .type cuMemcpyDtoDAsync, @function
 cuMemcpyDtoDAsync:
-    jmp __chidori_driver_cuMemcpyDtoDAsync@PLT
+    leaq .Lname55(%rip), %rdi
+    movq $801, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size cuMemcpyDtoDAsync, .-cuMemcpyDtoDAsync
     .globl cuMemcpyDtoDAsync_v2
     .type cuMemcpyDtoDAsync_v2, @function
@@ -2427,7 +2442,7 @@ cuMemcpyDtoD_v2_ptds:
     .globl cuMemcpyDtoH
     .type cuMemcpyDtoH, @function
 cuMemcpyDtoH:
-    leaq .Lname51(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2435,7 +2450,7 @@ cuMemcpyDtoH:
     .globl cuMemcpyDtoHAsync
     .type cuMemcpyDtoHAsync, @function
 cuMemcpyDtoHAsync:
-    leaq .Lname52(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2493,7 +2508,7 @@ cuMemcpyHtoA_v2_ptds:
     .globl cuMemcpyHtoD
     .type cuMemcpyHtoD, @function
 cuMemcpyHtoD:
-    leaq .Lname53(%rip), %rdi
+    leaq .Lname58(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2501,7 +2516,7 @@ cuMemcpyHtoD:
     .globl cuMemcpyHtoDAsync
     .type cuMemcpyHtoDAsync, @function
 cuMemcpyHtoDAsync:
-    leaq .Lname54(%rip), %rdi
+    leaq .Lname59(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2564,7 +2579,10 @@ cuMemcpy_ptds:
     .globl cuMemsetD16
     .type cuMemsetD16, @function
 cuMemsetD16:
-    jmp __chidori_driver_cuMemsetD16@PLT
+    leaq .Lname60(%rip), %rdi
+    movq $801, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size cuMemsetD16, .-cuMemsetD16
     .globl cuMemsetD16Async
     .type cuMemsetD16Async, @function
@@ -2589,7 +2607,10 @@ cuMemsetD16_v2_ptds:
     .globl cuMemsetD2D16
     .type cuMemsetD2D16, @function
 cuMemsetD2D16:
-    jmp __chidori_driver_cuMemsetD2D16@PLT
+    leaq .Lname61(%rip), %rdi
+    movq $801, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size cuMemsetD2D16, .-cuMemsetD2D16
     .globl cuMemsetD2D16Async
     .type cuMemsetD2D16Async, @function
@@ -2614,7 +2635,10 @@ cuMemsetD2D16_v2_ptds:
     .globl cuMemsetD2D32
     .type cuMemsetD2D32, @function
 cuMemsetD2D32:
-    jmp __chidori_driver_cuMemsetD2D32@PLT
+    leaq .Lname62(%rip), %rdi
+    movq $801, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size cuMemsetD2D32, .-cuMemsetD2D32
     .globl cuMemsetD2D32Async
     .type cuMemsetD2D32Async, @function
@@ -2639,7 +2663,10 @@ cuMemsetD2D32_v2_ptds:
     .globl cuMemsetD2D8
     .type cuMemsetD2D8, @function
 cuMemsetD2D8:
-    jmp __chidori_driver_cuMemsetD2D8@PLT
+    leaq .Lname63(%rip), %rdi
+    movq $801, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size cuMemsetD2D8, .-cuMemsetD2D8
     .globl cuMemsetD2D8Async
     .type cuMemsetD2D8Async, @function
@@ -2664,7 +2691,10 @@ cuMemsetD2D8_v2_ptds:
     .globl cuMemsetD32
     .type cuMemsetD32, @function
 cuMemsetD32:
-    jmp __chidori_driver_cuMemsetD32@PLT
+    leaq .Lname64(%rip), %rdi
+    movq $801, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size cuMemsetD32, .-cuMemsetD32
     .globl cuMemsetD32Async
     .type cuMemsetD32Async, @function
@@ -2689,7 +2719,10 @@ cuMemsetD32_v2_ptds:
     .globl cuMemsetD8
     .type cuMemsetD8, @function
 cuMemsetD8:
-    jmp __chidori_driver_cuMemsetD8@PLT
+    leaq .Lname65(%rip), %rdi
+    movq $801, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size cuMemsetD8, .-cuMemsetD8
     .globl cuMemsetD8Async
     .type cuMemsetD8Async, @function
@@ -2929,7 +2962,7 @@ cuProfilerStop:
     .globl cuSignalExternalSemaphoresAsync
     .type cuSignalExternalSemaphoresAsync, @function
 cuSignalExternalSemaphoresAsync:
-    leaq .Lname55(%rip), %rdi
+    leaq .Lname66(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2937,7 +2970,7 @@ cuSignalExternalSemaphoresAsync:
     .globl cuSignalExternalSemaphoresAsync_ptsz
     .type cuSignalExternalSemaphoresAsync_ptsz, @function
 cuSignalExternalSemaphoresAsync_ptsz:
-    leaq .Lname56(%rip), %rdi
+    leaq .Lname67(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2990,7 +3023,7 @@ cuStreamBeginCapture:
     .globl cuStreamBeginCaptureToCig
     .type cuStreamBeginCaptureToCig, @function
 cuStreamBeginCaptureToCig:
-    leaq .Lname57(%rip), %rdi
+    leaq .Lname68(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2998,7 +3031,7 @@ cuStreamBeginCaptureToCig:
     .globl cuStreamBeginCaptureToCig_ptsz
     .type cuStreamBeginCaptureToCig_ptsz, @function
 cuStreamBeginCaptureToCig_ptsz:
-    leaq .Lname58(%rip), %rdi
+    leaq .Lname69(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3031,7 +3064,7 @@ cuStreamBeginCapture_v2_ptsz:
     .globl cuStreamBeginRecaptureToGraph
     .type cuStreamBeginRecaptureToGraph, @function
 cuStreamBeginRecaptureToGraph:
-    leaq .Lname59(%rip), %rdi
+    leaq .Lname70(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3039,7 +3072,7 @@ cuStreamBeginRecaptureToGraph:
     .globl cuStreamBeginRecaptureToGraph_ptsz
     .type cuStreamBeginRecaptureToGraph_ptsz, @function
 cuStreamBeginRecaptureToGraph_ptsz:
-    leaq .Lname60(%rip), %rdi
+    leaq .Lname71(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3512,12 +3545,18 @@ cuTexRefGetMipmappedArray:
     .globl cuTexRefSetAddress
     .type cuTexRefSetAddress, @function
 cuTexRefSetAddress:
-    jmp __chidori_driver_cuTexRefSetAddress@PLT
+    leaq .Lname72(%rip), %rdi
+    movq $801, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size cuTexRefSetAddress, .-cuTexRefSetAddress
     .globl cuTexRefSetAddress2D
     .type cuTexRefSetAddress2D, @function
 cuTexRefSetAddress2D:
-    jmp __chidori_driver_cuTexRefSetAddress2D@PLT
+    leaq .Lname73(%rip), %rdi
+    movq $801, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size cuTexRefSetAddress2D, .-cuTexRefSetAddress2D
     .globl cuTexRefSetAddress2D_v2
     .type cuTexRefSetAddress2D_v2, @function
@@ -3612,7 +3651,7 @@ cuUserObjectRetain:
     .globl cuWaitExternalSemaphoresAsync
     .type cuWaitExternalSemaphoresAsync, @function
 cuWaitExternalSemaphoresAsync:
-    leaq .Lname61(%rip), %rdi
+    leaq .Lname74(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3620,7 +3659,7 @@ cuWaitExternalSemaphoresAsync:
     .globl cuWaitExternalSemaphoresAsync_ptsz
     .type cuWaitExternalSemaphoresAsync_ptsz, @function
 cuWaitExternalSemaphoresAsync_ptsz:
-    leaq .Lname62(%rip), %rdi
+    leaq .Lname75(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3723,45 +3762,71 @@ dlopen:
 .Lname41:
     .asciz "cuMemAllocPitch"
 .Lname42:
-    .asciz "cuMemGetAddressRange"
+    .asciz "cuMemFree"
 .Lname43:
-    .asciz "cuMemGetHandleForAddressRange"
+    .asciz "cuMemGetAddressRange"
 .Lname44:
-    .asciz "cuMemGetLocationInfo"
+    .asciz "cuMemGetHandleForAddressRange"
 .Lname45:
-    .asciz "cuMemHostGetDevicePointer"
+    .asciz "cuMemGetLocationInfo"
 .Lname46:
-    .asciz "cuMemcpy2D"
+    .asciz "cuMemHostGetDevicePointer"
 .Lname47:
-    .asciz "cuMemcpy2DAsync"
+    .asciz "cuMemcpy2D"
 .Lname48:
-    .asciz "cuMemcpy2DUnaligned"
+    .asciz "cuMemcpy2DAsync"
 .Lname49:
-    .asciz "cuMemcpy3D"
+    .asciz "cuMemcpy2DUnaligned"
 .Lname50:
-    .asciz "cuMemcpy3DAsync"
+    .asciz "cuMemcpy3D"
 .Lname51:
-    .asciz "cuMemcpyDtoH"
+    .asciz "cuMemcpy3DAsync"
 .Lname52:
-    .asciz "cuMemcpyDtoHAsync"
+    .asciz "cuMemcpyAtoD"
 .Lname53:
-    .asciz "cuMemcpyHtoD"
+    .asciz "cuMemcpyDtoA"
 .Lname54:
-    .asciz "cuMemcpyHtoDAsync"
+    .asciz "cuMemcpyDtoD"
 .Lname55:
-    .asciz "cuSignalExternalSemaphoresAsync"
+    .asciz "cuMemcpyDtoDAsync"
 .Lname56:
-    .asciz "cuSignalExternalSemaphoresAsync_ptsz"
+    .asciz "cuMemcpyDtoH"
 .Lname57:
-    .asciz "cuStreamBeginCaptureToCig"
+    .asciz "cuMemcpyDtoHAsync"
 .Lname58:
-    .asciz "cuStreamBeginCaptureToCig_ptsz"
+    .asciz "cuMemcpyHtoD"
 .Lname59:
-    .asciz "cuStreamBeginRecaptureToGraph"
+    .asciz "cuMemcpyHtoDAsync"
 .Lname60:
-    .asciz "cuStreamBeginRecaptureToGraph_ptsz"
+    .asciz "cuMemsetD16"
 .Lname61:
-    .asciz "cuWaitExternalSemaphoresAsync"
+    .asciz "cuMemsetD2D16"
 .Lname62:
+    .asciz "cuMemsetD2D32"
+.Lname63:
+    .asciz "cuMemsetD2D8"
+.Lname64:
+    .asciz "cuMemsetD32"
+.Lname65:
+    .asciz "cuMemsetD8"
+.Lname66:
+    .asciz "cuSignalExternalSemaphoresAsync"
+.Lname67:
+    .asciz "cuSignalExternalSemaphoresAsync_ptsz"
+.Lname68:
+    .asciz "cuStreamBeginCaptureToCig"
+.Lname69:
+    .asciz "cuStreamBeginCaptureToCig_ptsz"
+.Lname70:
+    .asciz "cuStreamBeginRecaptureToGraph"
+.Lname71:
+    .asciz "cuStreamBeginRecaptureToGraph_ptsz"
+.Lname72:
+    .asciz "cuTexRefSetAddress"
+.Lname73:
+    .asciz "cuTexRefSetAddress2D"
+.Lname74:
+    .asciz "cuWaitExternalSemaphoresAsync"
+.Lname75:
     .asciz "cuWaitExternalSemaphoresAsync_ptsz"
     .section .note.GNU-stack,"",@progbits

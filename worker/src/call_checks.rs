@@ -114,10 +114,6 @@ mod tests {
             for (p, _, _) in chidori_cuda::checks::extents(desc.name) {
                 match desc.params.get(usize::from(p)) {
                     Some(Wire::Device | Wire::ByValRecord { .. } | Wire::Buf { .. }) => {}
-                    // The legacy entry points' 32-bit addresses (cuMemsetD32, cuMemcpyDtoD),
-                    // which go to the library as values: no allocation of a 64-bit process
-                    // is named so, and programs built since CUDA 3.2 call the `_v2` forms.
-                    Some(Wire::Val { bytes: 4, .. }) => {}
                     other => loose.push(format!("{} parameter {p}: {other:?}", desc.name)),
                 }
             }

@@ -230,8 +230,14 @@ fn device_addresses_must_be_the_sessions_own() {
     assert_eq!(write32(0x7e00_dead_0000), single.codes.invalid_value, "a word outside the session");
     assert_eq!(write32(base + 4094), single.codes.invalid_value, "a word across the allocation's end");
     assert_ne!(write32(base + 4092), single.codes.invalid_value, "the session's own word");
-    for name in ["cuMemFreeAsync", "cuMemAdvise", "cuMemAddressFree", "cuStreamAttachMemAsync"] {
-        let desc = newest(name, None);
+    let forms = [
+        ("cuMemFreeAsync", Some(Form::Call)),
+        ("cuMemAdvise", None),
+        ("cuMemAddressFree", None),
+        ("cuStreamAttachMemAsync", None),
+    ];
+    for (name, form) in forms {
+        let desc = newest(name, form);
         let at = desc.params.iter().position(|w| matches!(w, Wire::Device)).expect(name);
         let mut args = vec![0u64; desc.params.len()];
         args[at] = &*heap as *const u64 as u64;

@@ -1014,6 +1014,9 @@ fn null_asks_count(fspec: &FnSpec, d: Disposition) -> Disposition {
     Disposition::Forward { class, params, ret }
 }
 
+/// Why the CUDA 3.1 ABI's entry points, whose device addresses are 32 bits, are not supported.
+const LEGACY_ADDRESS: &str = "the CUDA 3.1 ABI: a 32-bit device pointer cannot hold the server's addresses";
+
 /// Classify a whole call with the given class and parameter specs. `explicit`: a wire form,
 /// where every unlisted parameter must still classify by inference. A 64-bit parameter the
 /// spec gives an `extent` and no wire names device memory: `device` (the worker checks it is
@@ -1037,6 +1040,11 @@ fn classify_call(
     }
     if decl.variadic {
         return Ok(Disposition::Unsupported { reason: "variadic".into() });
+    }
+    // cuda.h maps every name to its `_v2` form since CUDA 3.2; a legacy entry point's
+    // address would be a truncated one of the server's, or one of the worker's own low memory.
+    if decl.params.iter().any(|p| p.ty.trim() == "CUdeviceptr_v1") {
+        return Ok(Disposition::Unsupported { reason: LEGACY_ADDRESS.into() });
     }
     if !explicit && !lib.forward_by_default && class.is_none() && params.is_empty() {
         let reason = lib.unlisted_reason.as_deref().unwrap_or("this library forwards only what its spec lists");

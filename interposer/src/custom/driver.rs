@@ -190,22 +190,32 @@ pub unsafe fn cuMemAlloc_v2(dptr: *mut c_void, bytesize: usize) -> u32 {
 }
 
 pub unsafe fn cuMemFree_v2(dptr: u64) -> u32 {
-    driver("cuMemFree_v2", || {
-        let conn = connection()?;
-        if memory::is_managed_base(dptr) {
-            return Ok(memory::managed_free(&conn, &calls::cuCtxSynchronize__call, dptr));
-        }
-        if let Some(s) = crate::custom::placed::free(&conn, dptr) {
-            return Ok(s);
-        }
-        // SAFETY: a device address by value.
-        let s = unsafe { crate::runtime::call_on(&conn, &calls::cuMemFree_v2__call, &[dptr]) } as u32;
-        if s == SUCCESS {
-            state::freed(dptr);
-            crate::custom::placed::forgotten(dptr);
-        }
-        Ok(s)
-    })
+    driver("cuMemFree_v2", || free(&calls::cuMemFree_v2__call, &[dptr]))
+}
+
+/// cuMemFreeAsync and its `_ptsz` form: as cuMemFree, in the stream's order.
+pub unsafe fn mem_free_async(ctx: &Ctx, dptr: u64, stream: *mut c_void) -> u32 {
+    driver(ctx.name, || free(ctx.form(Form::Call), &[dptr, stream_arg(ctx, stream)]))
+}
+
+/// Free `args[0]` by `desc`: managed and placed memory here, device memory on the server;
+/// what was freed leaves the interval map.
+fn free(desc: &'static chidori_protocol::desc::CallDesc, args: &[u64]) -> Result<u32, u32> {
+    let conn = connection()?;
+    let dptr = args[0];
+    if memory::is_managed_base(dptr) {
+        return Ok(memory::managed_free(&conn, &calls::cuCtxSynchronize__call, dptr));
+    }
+    if let Some(s) = crate::custom::placed::free(&conn, dptr) {
+        return Ok(s);
+    }
+    // SAFETY: a device address and possibly a stream handle, by value.
+    let s = unsafe { crate::runtime::call_on(&conn, desc, args) } as u32;
+    if s == SUCCESS && dptr != 0 {
+        state::freed(dptr);
+        crate::custom::placed::forgotten(dptr);
+    }
+    Ok(s)
 }
 
 /// Managed memory: client memory the server mirrors for the GPU (see `cudaMallocManaged`).
