@@ -1735,13 +1735,18 @@ fn len_static(l: &Len, statics: &mut Vec<TokenStream>, prefix: &str) -> Ident {
 }
 
 /// Offset and type of the field at `path` (`res.array.array`) inside record `name`.
-/// The paths of `record`'s pointer fields (function pointers included), through nested
-/// records and unions; `prefix` is the path to `record`.
+/// The paths of `record`'s pointer fields (function pointers and the driver's 64-bit device
+/// addresses, `CUdeviceptr`, included), through nested records and unions; `prefix` is the
+/// path to `record`.
 fn pointer_fields(env: &TypeEnv, record: &str, prefix: &str, depth: u32) -> Vec<String> {
     let Some(r) = env.records.get(record).filter(|_| depth < 8) else { return Vec::new() };
     let mut out = Vec::new();
     for f in &r.fields {
         let path = if prefix.is_empty() { f.name.clone() } else { format!("{prefix}.{}", f.name) };
+        if matches!(f.ty.trim(), "CUdeviceptr" | "CUdeviceptr_v2") {
+            out.push(path);
+            continue;
+        }
         match Ty::parse(&f.ty).map(|t| env.resolve(&t)) {
             Ok(Ty::Ptr { .. } | Ty::Fn { .. }) => out.push(path),
             Ok(Ty::Named(n)) => out.extend(pointer_fields(env, &n, &path, depth + 1)),
@@ -1944,4 +1949,21 @@ fn shim_index(model: &Model) -> String {
 /// Shared with coverage: the variant a CUDA version's callers use.
 pub fn variant_for<'m>(f: &'m crate::model::FnModel, version: &str) -> Option<&'m Variant> {
     f.by_version.get(version).map(|&i| &f.variants[i])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The driver's device addresses inside records count as pointer fields, so a record
+    /// sent to the server that holds one must say how the worker checks it.
+    #[test]
+    fn device_address_fields_are_pointer_fields() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let all = crate::ir::load_all(&root).expect("committed IR");
+        let env = TypeEnv::build(all.get("13.0").expect("CUDA 13.0's IR"));
+        assert!(pointer_fields(&env, "CUDA_MEMSET_NODE_PARAMS_st", "", 0).contains(&"dst".to_owned()));
+        let batch = pointer_fields(&env, "CUstreamBatchMemOpParams_union", "", 0);
+        assert!(batch.contains(&"writeValue.address".to_owned()), "{batch:?}");
+    }
 }
