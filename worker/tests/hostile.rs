@@ -637,3 +637,35 @@ fn ipc_handles_open_only_in_sessions_of_the_server_that_exported_them() {
     assert_eq!(opened(&late).0, open.codes.invalid_value, "the exporting session ended");
     let _ = (std::fs::remove_dir_all(ours), std::fs::remove_dir_all(theirs));
 }
+
+/// A copy whose host side is the worker's own buffer (the frame's bytes) cannot join a
+/// capture, whichever form carries it: the runtime's `h2d` or the driver's `call` (which
+/// statically linked runtimes copy with). The graph would keep the buffer's address.
+#[test]
+fn host_copies_on_a_capturing_stream_are_refused_in_every_form() {
+    let harness = fuzz::emulated_harness();
+    let (_, base) = malloc(&harness, 4096);
+    let create = newest("cudaStreamCreate", Some(Form::Call));
+    assert_eq!(ret_of(&harness, create, vec![0], vec![8], &[]), 0);
+    let stream = u64::from_le_bytes(harness.last_reply().unwrap().bulk[..8].try_into().unwrap());
+    let begin = newest("cudaStreamBeginCapture", Some(Form::Call));
+    // cudaStreamCaptureModeRelaxed: the test's own calls do not end the capture.
+    assert_eq!(ret_of(&harness, begin, vec![stream, 2], vec![0, 0], &[]), 0);
+    let bytes = [7u8; 64];
+    let status = |desc: &CallDesc, args: Vec<u64>, lens: Vec<u64>| {
+        harness.run(&frame_of(desc, args, lens, &bytes)).unwrap();
+        let reply = harness.last_reply().unwrap();
+        if reply.header.kind == Kind::AsyncError {
+            messages::decode::<messages::AsyncError>(&reply, "async error").unwrap().status
+        } else {
+            messages::decode::<Reply>(&reply, "reply").unwrap().ret as i64
+        }
+    };
+    use chidori_cuda::consts::{cudaError, cudaError_enum};
+    let driver = newest("cuMemcpyHtoDAsync_v2", Some(Form::Call));
+    let refused = status(driver, vec![base, 0, 64, stream], vec![0, 64, 0, 0]);
+    assert_eq!(refused, i64::from(cudaError_enum::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED));
+    let runtime = newest("cudaMemcpyAsync", Some(Form::H2d));
+    let refused = status(runtime, vec![base, 0, 64, 1, stream], vec![0, 64, 0, 0, 0]);
+    assert_eq!(refused, i64::from(cudaError::cudaErrorStreamCaptureUnsupported));
+}
