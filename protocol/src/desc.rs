@@ -545,6 +545,15 @@ impl CallDesc {
     pub fn waits(&self) -> bool {
         self.class != Class::Async
     }
+
+    /// Whether the call copies between the GPU and host bytes the frame carries or the reply
+    /// takes: the runtime's `h2d`, `d2h`, `a2h` and `h2a` forms, and the driver's host copies
+    /// (whose custom form is `call`; statically linked runtimes copy with them).
+    pub fn host_copy(&self) -> bool {
+        matches!(self.form, Some(Form::H2d | Form::D2h | Form::A2h | Form::H2a))
+            || (self.name.starts_with("cuMemcpy")
+                && ["HtoD", "DtoH", "HtoA", "AtoH"].iter().any(|side| self.name.contains(side)))
+    }
 }
 
 #[cfg(test)]

@@ -120,4 +120,23 @@ mod tests {
         }
         assert!(loose.is_empty(), "{} unchecked:\n{}", loose.len(), loose.join("\n"));
     }
+
+    /// The driver's host copies travel in their custom `call` form, which must count as host
+    /// copies as the runtime's own forms do (simpleMultiGPU's static runtime copies so).
+    #[test]
+    fn host_copies_are_known_in_every_form() {
+        use chidori_cuda::calls::{cudart, driver};
+        for desc in [
+            &driver::cuMemcpyHtoDAsync_v2__call,
+            &driver::cuMemcpyDtoH_v2__call,
+            &driver::cuMemcpyHtoDAsync_v2_ptsz__call,
+            &cudart::cudaMemcpyAsync__h2d,
+            &cudart::cudaMemcpy__d2h,
+        ] {
+            assert!(desc.host_copy(), "{} {:?}", desc.name, desc.form);
+        }
+        for desc in [&driver::cuMemcpyDtoDAsync_v2, &cudart::cudaMemcpyAsync__d2d, &driver::cuMemsetD8_v2] {
+            assert!(!desc.host_copy(), "{} {:?}", desc.name, desc.form);
+        }
+    }
 }

@@ -1069,14 +1069,6 @@ fn untranslate_records(session: &Session, desc: &CallDesc, checks: &CallChecks, 
 }
 
 /// The stream a call runs on, as the library gets it (its stream parameter in `raw`).
-/// Whether `desc` copies between the device and host bytes the frame carries or the reply
-/// takes: the runtime's `h2d` and `d2h` forms, and the driver's host copies (whose custom
-/// form is `call`).
-fn host_copy(desc: &CallDesc) -> bool {
-    matches!(desc.form, Some(Form::H2d | Form::D2h))
-        || (desc.name.starts_with("cuMemcpy") && ["HtoD", "DtoH", "HtoA", "AtoH"].iter().any(|d| desc.name.contains(d)))
-}
-
 fn stream_of(desc: &CallDesc, raw: &[u64]) -> Option<u64> {
     desc.params.iter().zip(raw).find_map(|(wire, &value)| {
         matches!(wire, Wire::Handle { kind, .. } if *kind == chidori_cuda::handles::kind::CUstream_st).then_some(value)
@@ -1572,7 +1564,7 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
     // A copy with a side in the worker's own buffer (the program's bytes as they came, or a
     // buffer for the reply) cannot be captured: the graph would keep the buffer's address
     // past this call. The client sends such copies as copies of its memory's mirror.
-    if host_copy(desc) && capturing(session, desc, &raw) {
+    if desc.host_copy() && capturing(session, desc, &raw) {
         let status =
             status_named(desc, &["cudaErrorStreamCaptureUnsupported", "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"])
                 .unwrap_or(desc.codes.invalid_value);

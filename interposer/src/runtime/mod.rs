@@ -276,11 +276,11 @@ fn managed_hint(desc: &CallDesc, args: &[u64]) -> Option<u64> {
 /// Whether a waiting call's return shows the GPU work before it done, so that what the GPU
 /// wrote into mirrored memory is there to pull (a pull at any other waiting call may come
 /// before the GPU wrote, and would leave nothing to pull at the synchronization after it):
-/// the synchronizations, copies the program waits for (which return once earlier work of
-/// their stream is done), and a stream or event found complete.
+/// the synchronizations, host copies the program waits for, the runtime's or the driver's
+/// (which return once earlier work of their stream is done), and a stream or event found
+/// complete.
 fn settles(desc: &CallDesc, ret: u64) -> bool {
-    use chidori_protocol::desc::Form;
-    if desc.only_waits || matches!(desc.form, Some(Form::D2h | Form::H2d | Form::A2h | Form::H2a)) {
+    if desc.only_waits || desc.host_copy() {
         return true;
     }
     let name = chidori_protocol::desc::strip_suffixes(desc.name, &["_ptsz"]);
