@@ -1375,6 +1375,47 @@ fn virtual_memory_is_mapped_in_pieces_retained_and_unmapped_whole() {
     assert!(warnings.len() <= 1 && warnings.iter().all(|w| w.contains("cuMemRelease")), "{stderr}");
 }
 
+/// The driver's copies of a statically linked runtime (cuda-samples' simpleMultiGPU): 128 MiB
+/// in on a stream, in 8 MiB chunks over the bulk lanes into the worker's pinned staging
+/// buffers, then back. The emulated backend refuses a staging buffer named again while a
+/// copy on a stream may still read it, as a GPU would read the next chunk's bytes there.
+const STAGED_DRIVER_COPIES: &str = r#"
+#include <cuda.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#define CHECK(x) do { CUresult r = (x); if (r) { printf("%s: %d\n", #x, r); return 1; } } while (0)
+int main(void) {
+  CUcontext ctx; CUdevice dev;
+  CHECK(cuInit(0)); CHECK(cuDeviceGet(&dev, 0)); CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
+  CHECK(cuCtxSetCurrent(ctx));
+  size_t n = (size_t)32 << 20, bytes = n * 4;
+  CUstream s; CHECK(cuStreamCreate(&s, 0));
+  CUdeviceptr d; CHECK(cuMemAlloc(&d, bytes));
+  float *h, *back;
+  CHECK(cuMemHostAlloc((void **)&h, bytes, 0)); CHECK(cuMemHostAlloc((void **)&back, bytes, 0));
+  for (size_t i = 0; i < n; ++i) h[i] = (float)rand() / (float)RAND_MAX;
+  for (int rep = 0; rep < 2; ++rep) {
+    memset(back, 0, bytes);
+    CHECK(cuMemcpyHtoDAsync(d, h, bytes, s));
+    CHECK(cuMemcpyDtoHAsync(back, d, bytes, s));
+    CHECK(cuStreamSynchronize(s));
+    if (memcmp(back, h, bytes)) { printf("rep %d differs\n", rep); return 1; }
+  }
+  printf("OK\n");
+  return 0;
+}
+"#;
+
+#[test]
+fn driver_copies_wait_for_their_stream_before_a_staging_buffer_is_reused() {
+    let server = server();
+    let exe = program_with("staged-driver-copies", STAGED_DRIVER_COPIES, &["-l:libcuda.so.1"]);
+    let out = run_cmd(&server.address, &exe).output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(stdout.trim(), "OK", "{stderr}");
+}
+
 /// cuda-samples' cuSolverSp_LowlevelCholesky, CPU path: analysis, the workspace size, a
 /// factorization into the program's workspace, a solve from it. The host arrays reach the
 /// library at the program's own addresses (mirrored), the workspace keeps the factor from

@@ -118,6 +118,10 @@ struct State {
     graph_allocations: HashSet<u64>,
     current_pool: u64,
     stream_attributes: HashMap<(u64, u32), Vec<u8>>,
+    /// The worker's pinned staging buffers (`pin_staging`), base → (length, whether a copy
+    /// on a stream may still read it): as a GPU's DMA reads pinned memory when the stream
+    /// gets there, a copy from one is in flight until a stream synchronization.
+    staging: BTreeMap<u64, (u64, bool)>,
     next_object: u64,
     primary_context: Option<u64>,
     next: u64,
@@ -379,6 +383,31 @@ unsafe fn put_handle(out: u64, name: &str) {
 }
 
 impl Emulated {
+    /// A call that names a pinned staging buffer of the worker's: refused where a copy on a
+    /// stream may still read it (the worker filled it again before waiting for that copy);
+    /// an asynchronous one leaves it in flight until a stream synchronization.
+    fn staging_read(&self, desc: &CallDesc, a: &[u64]) -> Result<(), String> {
+        let mut state = self.state();
+        if state.staging.is_empty() {
+            return Ok(());
+        }
+        let asynchronous = desc.name.contains("Async");
+        for &word in a {
+            let Some((&base, (len, in_flight))) = state.staging.range_mut(..=word).next_back() else { continue };
+            if word - base >= *len {
+                continue;
+            }
+            if *in_flight {
+                return Err(format!(
+                    "{}: a pinned staging buffer is read again while a copy on a stream may still read it",
+                    desc.name
+                ));
+            }
+            *in_flight |= asynchronous;
+        }
+        Ok(())
+    }
+
     pub fn new(profile: Profile) -> Emulated {
         static INSTANCES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let instance = INSTANCES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -788,7 +817,22 @@ impl Backend for Emulated {
         matches!(library, "cudart" | "driver").then(|| crate::profile::PROPS_VERSION.to_owned())
     }
 
+    fn pin_staging(&self, base: u64, len: u64) -> bool {
+        self.state().staging.insert(base, (len, false));
+        true
+    }
+
+    fn synchronize_stream(&self, _stream: u64) -> Result<(), i64> {
+        self.state().staging.values_mut().for_each(|(_, in_flight)| *in_flight = false);
+        Ok(())
+    }
+
     unsafe fn invoke(&self, desc: &'static CallDesc, a: &[u64]) -> Result<u64, String> {
+        if let Err(why) = self.staging_read(desc, a) {
+            // What the GPU would have read is gone: the worker broke its own rule.
+            tracing::error!("{why}");
+            return Err(why);
+        }
         let name = chidori_protocol::desc::strip_suffixes(desc.name, &["_ptsz", "_ptds"]);
         let device = |i: usize| matches!(desc.params.get(i), Some(Wire::Device));
         if desc.library == "driver"
