@@ -1411,8 +1411,7 @@ int main(void) {
 fn driver_copies_wait_for_their_stream_before_a_staging_buffer_is_reused() {
     let server = server();
     let exe = program_with("staged-driver-copies", STAGED_DRIVER_COPIES, &["-l:libcuda.so.1"]);
-    let out = run_cmd(&server.address, &exe).output().unwrap();
-    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let (stdout, stderr) = run_traced(&server, &exe);
     assert_eq!(stdout.trim(), "OK", "{stderr}");
 }
 

@@ -383,14 +383,15 @@ unsafe fn put_handle(out: u64, name: &str) {
 }
 
 impl Emulated {
-    /// A call that names a pinned staging buffer of the worker's: refused where a copy on a
+    /// A host copy that names a pinned staging buffer of the worker's: refused where a copy on a
     /// stream may still read it (the worker filled it again before waiting for that copy);
     /// an asynchronous one leaves it in flight until a stream synchronization.
     fn staging_read(&self, desc: &CallDesc, a: &[u64]) -> Result<(), String> {
-        let mut state = self.state();
-        if state.staging.is_empty() {
+        // Only a copy of host bytes names one (other calls take no lock for it).
+        if !desc.host_copy() {
             return Ok(());
         }
+        let mut state = self.state();
         let asynchronous = desc.name.contains("Async");
         for &word in a {
             let Some((&base, (len, in_flight))) = state.staging.range_mut(..=word).next_back() else { continue };

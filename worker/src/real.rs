@@ -1299,7 +1299,6 @@ fn rc(status: i32, what: &str) -> Result<(), (i64, String)> {
 }
 
 impl Real {
-    /// A driver function by name, typed by the caller.
     /// Whether `stream` (a stream of the session or a special stream's value) is capturing;
     /// None where the driver cannot say (the legacy stream while another captures).
     fn capture_status(&self, stream: u64) -> Option<bool> {
@@ -1309,6 +1308,7 @@ impl Real {
         (unsafe { (self.module_api.stream_is_capturing)(stream, &mut status) } == 0).then_some(status != none)
     }
 
+    /// A driver function by name, typed by the caller.
     fn driver_fn<F: Copy>(&self, name: &str) -> Result<F, (i64, String)> {
         symbol_as(&self.driver, name).map_err(|e| (NOT_SUPPORTED_RT, e.to_string()))
     }

@@ -336,10 +336,9 @@ pub unsafe fn cuPointerGetAttribute(data: *mut c_void, attribute: u32, ptr: u64)
 
 /// A copy between the program's memory and the device on `stream` (`desc`: a
 /// cuMemcpyHtoD/DtoH form, `to_device` its direction) while some capture may be active: on a
-/// capturing stream it becomes
-/// a node of the server's graph, which replays there, so it copies the server's mirror of the
-/// program's memory ([`memory::captured`]), sent as a device-to-device copy. None: the stream
-/// does not capture (the copy goes the usual way).
+/// capturing stream it becomes a node of the server's graph, which replays there, so it
+/// copies the server's mirror of the program's memory ([`memory::captured`]), sent as a
+/// device-to-device copy. None: the stream does not capture (the copy goes the usual way).
 fn captured_copy(
     conn: &Conn,
     desc: &chidori_protocol::desc::CallDesc,
