@@ -78,7 +78,8 @@
 #            here by `python3 gpu/samples/samples.py pack`): built as their CMake files say,
 #            runtime linked statically ($SAMPLES_CUDART=shared: not), native and loopback
 #            compared ($SAMPLES_WAN=1: also at 70 ms; $SAMPLES_ONLY=a,b narrows;
-#            $SAMPLES_TIMEOUT per run, $SAMPLES_PARALLEL at once; $SAMPLES_LOG: each of
+#            $SAMPLES_TIMEOUT per run, $SAMPLES_PARALLEL at once; $SAMPLES_TRACE: each of these
+#            names again with CHIDORI_TRACE (its table); $SAMPLES_LOG: each of
 #            $SAMPLES_LOG_NAMES or $SAMPLES_ONLY again alone, server and client logging at
 #            that filter); a warm machine keeps the build
 #   hostile  every call descriptor with NULL pointers against the real libraries (the worker's
@@ -628,6 +629,17 @@ if want samples; then
   # The samples that do not simply match, and the counts (the whole table is in the logs).
   grep -vE '^[A-Za-z0-9_]+ +[0-9.]+( +match [0-9.]+)+$' "$LOGS/samples.txt" | tail -80
   row "samples ($samples_cudart cudart)" "$(grep -E '^(loopback|wan):' "$LOGS/samples.txt" | tr '\n' ' ') rc=$rc"
+  # SAMPLES_TRACE (sample names): each once more, alone, with `chidori run --trace`: the
+  # functions that sent, waited and carried the most (the whole table with the logs).
+  for name in ${SAMPLES_TRACE//,/ }; do
+    exe=$samples_dir/$name/$name
+    [[ -x $exe ]] || { echo "== $name: not built"; continue; }
+    start=$(date +%s.%N)
+    (cd "$(dirname "$exe")" && CHIDORI_TRACE="$LOGS/samples-trace-$name.txt" timeout ${SAMPLES_TIMEOUT:-90} \
+      "$CHIDORI" run -s $SERVER -- "$exe") > "$LOGS/samples-trace-$name.out" 2>&1
+    echo "== $name traced (rc $?, $(awk "BEGIN {printf \"%.1f\", $(date +%s.%N) - $start}") s), by ms waiting:"
+    grep -E ' [0-9.]+$' "$LOGS/samples-trace-$name.txt" 2>/dev/null | sort -k6 -g -r | head -n ${SAMPLES_TRACE_LINES:-20} | cut -c1-200
+  done
   # SAMPLES_LOG (a CHIDORI_LOG filter, e.g. debug): each of $SAMPLES_LOG_NAMES (default
   # $SAMPLES_ONLY) once more, alone,
   # through a server of its own that logs at that level too, with the client's log at it;
