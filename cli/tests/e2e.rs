@@ -495,6 +495,43 @@ fn pinned_memory_handed_to_the_gpu_is_mirrored() {
     assert!(!stderr.contains("WARN") && !stderr.contains("ERROR"), "{stderr}");
 }
 
+/// A flag the program sets in mirrored memory before it synchronizes reaches the server
+/// before the synchronization does (NVIDIA's UnifiedMemoryPerf launches a kernel that spins
+/// until the program sets one: sent only at the next launch, the kernel never ends). The
+/// emulated backend runs no kernel, so the trace shows it: the range is mirrored when the
+/// GPU is handed it, then updated before each wait, and nowhere else (without the update
+/// before the wait, the first flag goes with the second launch and the second never).
+const FLAG_BEFORE_A_WAIT: &str = r#"
+#include <stdio.h>
+#include <string.h>
+#include <cuda_runtime_api.h>
+int main(void) {
+  volatile unsigned char *p;
+  if (cudaMallocHost((void **)&p, 4096) != cudaSuccess) return 2;
+  memset((void *)p, 0, 4096);
+  if (cudaMemsetAsync((void *)(p + 2048), 1, 16, 0) != cudaSuccess) return 3;
+  p[0] = 9;
+  if (cudaStreamSynchronize(0) != cudaSuccess) return 4;
+  if (p[0] != 9 || p[2048] != 1 || p[2064] != 0) return 5;
+  /* Handed again, nothing changed: nothing is sent; a second flag goes before the wait. */
+  if (cudaMemsetAsync((void *)(p + 3000), 2, 4, 0) != cudaSuccess) return 6;
+  p[1] = 5;
+  if (cudaDeviceSynchronize() != cudaSuccess || p[3000] != 2 || p[1] != 5 || p[0] != 9) return 7;
+  printf("OK\n");
+  return 0;
+}
+"#;
+
+#[test]
+fn a_flag_written_before_a_wait_reaches_the_gpu_first() {
+    let server = server();
+    let exe = program("flag-before-a-wait", FLAG_BEFORE_A_WAIT);
+    let (stdout, stderr) = run_traced(&server, &exe);
+    assert!(stdout.contains("OK"), "{stdout}\n{stderr}");
+    assert_eq!(trace_row(&stderr, "(pinned memory mirrored)")[0], "3", "mirrored, then each flag: {stderr}");
+    assert!(!stderr.contains("WARN") && !stderr.contains("ERROR"), "{stderr}");
+}
+
 /// Pinned memory larger than one frame holds, read and then rewritten by the GPU: the
 /// program's bytes reach the mirror in several updates and the GPU's writes come back in
 /// several pulls (72 MiB: a pull answers at most 8 MiB, an update carries at most 64).

@@ -286,6 +286,26 @@ fn prepare_with(conn: &Conn, addrs: impl IntoIterator<Item = u64>, launch: bool)
     any
 }
 
+/// Before a call that waits for the GPU (or asks whether it is done) while the GPU may use
+/// mirrored memory: send what the program changed in the pinned, registered and managed
+/// memory the server mirrors. Natively the GPU sees such a write at once; a kernel that
+/// spins until the program sets a flag there would otherwise never end. Stand-ins wait for
+/// the next graph launch (only a graph's copies read them).
+pub fn before_wait(conn: &Conn) {
+    if !pending() {
+        return;
+    }
+    let bases = match tracker().as_ref() {
+        Some(t) => t.bases(),
+        None => return,
+    };
+    for key in bases.into_iter().filter(|&key| !is_stand_in(key)) {
+        if let Some(r) = pinned(key).filter(|r| r.base == key) {
+            push(conn, r.base, r.len);
+        }
+    }
+}
+
 /// The program's pages of the stand-in `key`.
 fn stand_in_of(key: u64) -> Option<(u64, u64)> {
     tracker().as_ref().and_then(|t| t.stand_in(key))

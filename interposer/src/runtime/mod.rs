@@ -247,6 +247,11 @@ pub unsafe fn call(desc: &'static CallDesc, args: &[u64]) -> u64 {
 /// A library is handed device pointers: those into the program's pinned memory (valid on a
 /// GPU, which maps pinned memory at its host address) need the server's mirror.
 fn mirror_devices(conn: &Conn, desc: &CallDesc, args: &[u64]) {
+    // A kernel may be waiting for the program to write mirrored memory (a flag it sets
+    // before it synchronizes, as NVIDIA's UnifiedMemoryPerf does): the write goes first.
+    if crate::mirror::pending() && waits_for_gpu(desc) {
+        crate::mirror::before_wait(conn);
+    }
     let devices = desc.params.iter().zip(args).filter(|(w, _)| matches!(w, Wire::Device)).map(|(_, a)| *a);
     crate::mirror::prepare(conn, devices);
     if facts(desc).graph_launch {
@@ -280,11 +285,18 @@ fn managed_hint(desc: &CallDesc, args: &[u64]) -> Option<u64> {
 /// (which return once earlier work of their stream is done), and a stream or event found
 /// complete.
 fn settles(desc: &CallDesc, ret: u64) -> bool {
-    if desc.only_waits || desc.host_copy() {
-        return true;
-    }
+    desc.only_waits || desc.host_copy() || (is_query(desc) && ret == success(desc))
+}
+
+/// Whether `desc` waits for earlier GPU work, or asks whether it is done: a synchronization,
+/// a host copy the program waits for, a stream or event query.
+fn waits_for_gpu(desc: &CallDesc) -> bool {
+    desc.only_waits || desc.host_copy() || is_query(desc)
+}
+
+fn is_query(desc: &CallDesc) -> bool {
     let name = chidori_protocol::desc::strip_suffixes(desc.name, &["_ptsz"]);
-    matches!(name, "cudaStreamQuery" | "cudaEventQuery" | "cuStreamQuery" | "cuEventQuery") && ret == success(desc)
+    matches!(name, "cudaStreamQuery" | "cudaEventQuery" | "cuStreamQuery" | "cuEventQuery")
 }
 
 /// What the sending path does differently for a descriptor, found once per descriptor (by
