@@ -501,10 +501,27 @@ impl Ctx {
         self.name.ends_with("_ptsz") || self.name.ends_with("_ptds")
     }
 
+    /// The stream a call of this export means by `stream` ([`stream_meant`]).
+    pub fn stream(&self, stream: u64) -> u64 {
+        stream_meant(stream, self.per_thread())
+    }
+
     /// A status code as the export returns it.
     pub fn status(&self, code: i64) -> u32 {
         code as u32
     }
+}
+
+/// The legacy default stream's handle (`cudaStreamLegacy`, `CU_STREAM_LEGACY`).
+pub const LEGACY_STREAM: u64 = 1;
+/// The per-thread default stream's handle (`cudaStreamPerThread`, `CU_STREAM_PER_THREAD`;
+/// the headers define both handles as casts, which bindgen does not carry).
+pub const PER_THREAD_STREAM: u64 = 2;
+
+/// The stream a call means by `stream`: from a per-thread entry point (`per_thread`), NULL is
+/// the calling thread's default stream, not the legacy one.
+pub fn stream_meant(stream: u64, per_thread: bool) -> u64 {
+    if per_thread && stream == 0 { PER_THREAD_STREAM } else { stream }
 }
 
 /// One ABI variant of a function.

@@ -32,7 +32,7 @@ impl Scope {
     /// Whether draining `self` drains `stream` too: the same stream, or a default stream of
     /// the same device and context (a created stream's device or context is not known here).
     pub fn covers(&self, stream: &StreamKey) -> bool {
-        let default = matches!(stream.handle, 0 | 1 | PER_THREAD);
+        let default = matches!(stream.handle, 0 | LEGACY_STREAM | PER_THREAD);
         match *self {
             Scope::Stream(s) => s == *stream,
             Scope::Device(device, context) => default && stream.device == device && stream.context == context,
@@ -60,14 +60,13 @@ pub struct StreamKey {
     thread: u32,
 }
 
-/// The per-thread default stream's handle (cudaStreamPerThread, CU_STREAM_PER_THREAD).
-pub const PER_THREAD: u64 = 2;
+use chidori_protocol::desc::{LEGACY_STREAM, PER_THREAD_STREAM as PER_THREAD};
 
 /// The key of `handle` (already resolved for a `_ptsz` entry point: NULL there is
 /// [`PER_THREAD`]) used on `thread` while `device` and `context` are current.
 pub fn stream(handle: u64, device: i32, context: Option<u64>, thread: u32) -> StreamKey {
     match handle {
-        0 | 1 => StreamKey { handle, device, context, thread: 0 },
+        0 | LEGACY_STREAM => StreamKey { handle, device, context, thread: 0 },
         PER_THREAD => StreamKey { handle, device, context, thread },
         _ => StreamKey { handle, device: 0, context: None, thread: 0 },
     }

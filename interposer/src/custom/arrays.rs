@@ -45,11 +45,6 @@ fn invalid(ctx: &Ctx) -> u32 {
     ctx.codes.invalid_value as u32
 }
 
-/// A `_ptsz` entry point's NULL stream is the thread's own.
-fn stream_of(ctx: &Ctx, stream: *mut c_void) -> u64 {
-    if ctx.per_thread() && stream.is_null() { 2 } else { stream as u64 }
-}
-
 /// The status of a forwarded call, as this library's status type.
 ///
 /// # Safety
@@ -251,7 +246,7 @@ pub unsafe fn array_copy_raw(ctx: &Ctx, args: &[u64]) -> u64 {
     let word = |i: usize| args.get(i).copied().unwrap_or(0);
     let name = chidori_protocol::desc::strip_suffixes(ctx.name, &["_ptsz"]);
     let (two_d, to, n) = (name.contains("2D"), name.contains("ToArray"), if name.contains("2D") { 8 } else { 6 });
-    let stream = name.ends_with("Async").then(|| stream_of(ctx, word(n) as *mut c_void));
+    let stream = name.ends_with("Async").then(|| ctx.stream(word(n)));
     let status = match (two_d, to) {
         // (dst, wOffset, hOffset, src, spitch, width, height, kind)
         (true, true) => {
@@ -736,7 +731,7 @@ pub unsafe fn memcpy_3d_async(ctx: &Ctx, p: *mut c_void, stream: *mut c_void) ->
         }
         // SAFETY: the caller's cudaMemcpy3DParms.
         let m = unsafe { std::ptr::read_unaligned(p as *const Memcpy3DParms) };
-        Ok(copy_3d_runtime(conn, ctx.form(Form::D2d), m, Some(stream_of(ctx, stream))))
+        Ok(copy_3d_runtime(conn, ctx.form(Form::D2d), m, Some(ctx.stream(stream as u64))))
     })
 }
 
@@ -1243,7 +1238,7 @@ fn cu_batch_3d(ctx: &Ctx, num_ops: usize, ops: u64, fail: u64, stream: u64) -> u
 pub unsafe fn batch_raw(ctx: &Ctx, args: &[u64]) -> u64 {
     let word = |i: usize| args.get(i).copied().unwrap_or(0);
     let n = args.len();
-    let stream = stream_of(ctx, word(n.saturating_sub(1)) as *mut c_void);
+    let stream = ctx.stream(word(n.saturating_sub(1)));
     let driver = ctx.library == "driver";
     let status = if ctx.name.contains("3DWithAttributes") {
         if driver { cu_batch_3d(ctx, 1, word(0), 0, stream) } else { batch_3d(ctx, 1, word(0), 0, stream) }
@@ -1282,7 +1277,7 @@ pub unsafe fn batch_raw(ctx: &Ctx, args: &[u64]) -> u64 {
 /// forms (`raw_args`: the record[, the stream]).
 pub unsafe fn cu_copy_raw(ctx: &Ctx, args: &[u64]) -> u64 {
     let p = args.first().copied().unwrap_or(0) as *mut c_void;
-    let stream = args.get(1).map(|&s| stream_of(ctx, s as *mut c_void));
+    let stream = args.get(1).map(|&s| ctx.stream(s));
     let status = if ctx.name.contains("3D") { cu_3d(ctx, p, stream) } else { cu_2d(ctx, p, stream) };
     u64::from(status)
 }

@@ -20,7 +20,7 @@
 use std::ffi::c_void;
 
 use chidori_cuda::calls::cudart;
-use chidori_protocol::desc::{CallDesc, Ctx, Form};
+use chidori_protocol::desc::{CallDesc, Ctx, Form, PER_THREAD_STREAM, stream_meant};
 use chidori_protocol::messages::{self, GraphList};
 
 use crate::ahead::capture::{Answer, Captures, StreamKey};
@@ -35,9 +35,9 @@ pub fn any_active() -> bool {
     captures().any_active()
 }
 
-/// The key of a stream's answer: the per-thread default stream (2) is each thread's own.
+/// The key of a stream's answer: the per-thread default stream is each thread's own.
 fn key(stream: u64) -> StreamKey {
-    (stream, if stream == 2 { crate::runtime::thread_id() } else { 0 })
+    (stream, if stream == PER_THREAD_STREAM { crate::runtime::thread_id() } else { 0 })
 }
 
 fn learned_answer(stream: u64) -> Option<Answer> {
@@ -50,11 +50,6 @@ const SUCCESS: u32 = chidori_cuda::consts::cudaError::cudaSuccess;
 const INVALID_VALUE: u32 = chidori_cuda::consts::cudaError::cudaErrorInvalidValue;
 const NO_DEVICE: u32 = chidori_cuda::consts::cudaError::cudaErrorNoDevice;
 pub const CAPTURE_UNSUPPORTED: u32 = chidori_cuda::consts::cudaError::cudaErrorStreamCaptureUnsupported;
-
-/// The stream a call means: from a `_ptsz` entry point, NULL is the per-thread stream.
-fn per_thread(stream: u64, ptsz: bool) -> u64 {
-    if ptsz { super::cudart::per_thread(stream as *mut c_void) as u64 } else { stream }
-}
 
 fn call(desc: &'static CallDesc, args: &[u64], no_device: u32) -> Result<u32, u32> {
     let conn = conn::get().map_err(|_| no_device)?;
@@ -115,7 +110,7 @@ fn begin(
     guarded(name, runtime, || {
         let no_device = no_device(runtime);
         let conn = conn::get().map_err(|_| no_device)?;
-        let stream = per_thread(args[0], ptsz);
+        let stream = stream_meant(args[0], ptsz);
         if let Some(unwaited) = unwaited.filter(|_| begins_surely(args, stream, runtime)) {
             return begin_unwaited(&conn, unwaited, args, stream);
         }
@@ -144,7 +139,7 @@ fn begin(
 fn end(name: &'static str, desc: &'static CallDesc, args: &[u64], ptsz: bool, runtime: bool) -> u32 {
     guarded(name, runtime, || {
         let conn = conn::get().map_err(|_| no_device(runtime))?;
-        let stream = per_thread(args[0], ptsz);
+        let stream = stream_meant(args[0], ptsz);
         let sent_before = conn.sent_so_far();
         // Without a graph out-pointer there is no graph for the program to ask about.
         let question = (args[1] != 0).then_some(messages::Service::GraphList(GraphList::Ended { stream }));
@@ -171,7 +166,8 @@ fn is_capturing(name: &'static str, desc: &'static CallDesc, stream: u64, out: *
             crate::trace::local(name);
             return Err(INVALID_VALUE);
         }
-        let known = if any_active() { learned_answer(per_thread(stream, desc.name.ends_with("_ptsz"))) } else { None };
+        let known =
+            if any_active() { learned_answer(stream_meant(stream, desc.name.ends_with("_ptsz"))) } else { None };
         if !any_active() || known.is_some() {
             crate::trace::local(name);
             let status = known.map_or(NONE, |(status, _, _)| status);
@@ -409,7 +405,7 @@ pub unsafe fn cu_capture_info_v3(
         if status.is_null() {
             return Err(INVALID_VALUE);
         }
-        let stream = per_thread(stream as u64, ctx.per_thread());
+        let stream = ctx.stream(stream as u64);
         if !any_active() {
             // SAFETY: the caller's out-pointers, each checked non-null.
             unsafe {

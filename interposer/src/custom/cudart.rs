@@ -377,7 +377,7 @@ pub unsafe fn malloc_async(ctx: &Ctx, dev_ptr: *mut c_void, size: usize, stream:
         let s = unsafe { crate::runtime::call_on(&conn, ctx.form(Form::Call), &args) } as u32;
         record_alloc(s, dev_ptr, size as u64);
         if s == SUCCESS && !dev_ptr.is_null() {
-            let stream = if ctx.per_thread() { per_thread(stream) } else { stream };
+            let stream = ctx.stream(stream as u64) as *mut c_void;
             note_allocation(dev_ptr, stream as u64);
         }
         Ok(s)
@@ -590,7 +590,7 @@ pub unsafe fn memcpy_async(
     kind: u32,
     stream: *mut c_void,
 ) -> u32 {
-    let stream = if ctx.per_thread() { per_thread(stream) } else { stream };
+    let stream = ctx.stream(stream as u64) as *mut c_void;
     memcpy(&CopyForms::of(ctx), dst as u64, src as u64, count as u64, kind, &[stream as u64], true)
 }
 
@@ -705,8 +705,8 @@ pub use super::kernels::*;
 
 /// The stream a `_ptsz` entry point means: NULL there is the calling thread's default
 /// stream (`cudaStreamPerThread`), not the legacy one.
-pub(crate) fn per_thread(stream: *mut c_void) -> *mut c_void {
-    if stream.is_null() { 2usize as *mut c_void } else { stream }
+fn per_thread(stream: *mut c_void) -> *mut c_void {
+    chidori_protocol::desc::stream_meant(stream as u64, true) as *mut c_void
 }
 
 /// # Safety
@@ -773,7 +773,7 @@ pub unsafe fn malloc_from_pool(
 ) -> u32 {
     runtime(ctx.name, || {
         let conn = connection()?;
-        let stream = if ctx.per_thread() { per_thread(stream) } else { stream };
+        let stream = ctx.stream(stream as u64) as *mut c_void;
         let args = [ptr as u64, size as u64, pool as u64, stream as u64];
         // SAFETY: the caller's void**; handles and sizes by value.
         let s = unsafe { crate::runtime::call_on(&conn, ctx.form(Form::Call), &args) } as u32;

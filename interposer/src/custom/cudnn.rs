@@ -1044,7 +1044,7 @@ pub unsafe fn set_stream(ctx: &Ctx, handle: *mut c_void, stream: *mut c_void) ->
     crate::guard::ffi("cudnnSetStream", bad_param, || {
         // SAFETY: values.
         let s = unsafe { crate::runtime::call(desc, &[handle as u64, stream as u64]) } as u32;
-        if s == 0 {
+        if u64::from(s) == crate::runtime::success(desc) {
             CLIENT.cudnn_streams.insert(handle as u64, stream as u64);
         }
         s
@@ -1061,7 +1061,7 @@ pub unsafe fn get_stream(ctx: &Ctx, handle: *mut c_void, out: *mut c_void) -> u3
             crate::trace::local("cudnnGetStream");
             // SAFETY: the caller's cudaStream_t*, checked non-null.
             unsafe { std::ptr::write_unaligned(out as *mut u64, s) };
-            return 0;
+            return crate::runtime::success(desc) as u32;
         }
         // SAFETY: `out` receives one stream.
         let s = unsafe { crate::runtime::call(desc, &[handle as u64, out as u64]) } as u32;
@@ -1116,7 +1116,7 @@ unsafe fn weight_params(desc: &'static CallDesc, nd: &'static CallDesc, args: [u
                     unsafe { std::ptr::write_unaligned(out as *mut u64, value) };
                 }
             }
-            return 0;
+            return crate::runtime::success(desc) as u32;
         }
         let question = question(&args);
         if let Some(q) = question
@@ -1339,7 +1339,7 @@ unsafe fn get_tensor_nd(desc: &'static CallDesc, args: [u64; 6]) -> u32 {
                 std::ptr::copy_nonoverlapping(t.dims.as_ptr(), args[4] as *mut i32, t.dims.len());
                 std::ptr::copy_nonoverlapping(t.strides.as_ptr(), args[5] as *mut i32, t.strides.len());
             }
-            return 0;
+            return crate::runtime::success(desc) as u32;
         }
         // SAFETY: the caller's arguments, as the descriptor says.
         unsafe { crate::runtime::call_on(&conn, desc, &args) as u32 }

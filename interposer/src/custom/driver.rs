@@ -15,7 +15,7 @@ fn lookup(error: u32, name: bool, out: *mut c_void) -> u32 {
     crate::guard::ffi("cuGetErrorName", INVALID_VALUE, || {
         // SAFETY: `out` is the caller's `const char**` or NULL.
         match unsafe { crate::runtime::write_status_text(TABLE_VERSION, "driver", i64::from(error), name, out) } {
-            Some(true) => 0,
+            Some(true) => SUCCESS,
             _ => INVALID_VALUE,
         }
     })
@@ -195,7 +195,7 @@ pub unsafe fn cuMemFree_v2(dptr: u64) -> u32 {
 
 /// cuMemFreeAsync and its `_ptsz` form: as cuMemFree, in the stream's order.
 pub unsafe fn mem_free_async(ctx: &Ctx, dptr: u64, stream: *mut c_void) -> u32 {
-    driver(ctx.name, || free(ctx.form(Form::Call), &[dptr, stream_arg(ctx, stream)]))
+    driver(ctx.name, || free(ctx.form(Form::Call), &[dptr, ctx.stream(stream as u64)]))
 }
 
 /// Free `args[0]` by `desc`: managed and placed memory here, device memory on the server;
@@ -755,7 +755,7 @@ pub unsafe fn launch_kernel(
     params: *mut c_void,
     extra: *mut c_void,
 ) -> u32 {
-    let stream = stream_arg(ctx, stream) as *mut c_void;
+    let stream = ctx.stream(stream as u64) as *mut c_void;
     launch(f, [grid_x, grid_y, grid_z], [block_x, block_y, block_z], shared, stream, params, extra, Vec::new(), false)
 }
 
@@ -774,7 +774,7 @@ pub unsafe fn launch_cooperative_kernel(
     stream: *mut c_void,
     params: *mut c_void,
 ) -> u32 {
-    let stream = stream_arg(ctx, stream) as *mut c_void;
+    let stream = ctx.stream(stream as u64) as *mut c_void;
     let null = std::ptr::null_mut();
     launch(f, [grid_x, grid_y, grid_z], [block_x, block_y, block_z], shared, stream, params, null, Vec::new(), true)
 }
@@ -949,16 +949,11 @@ pub unsafe fn library_get_managed(
     })
 }
 
-/// The stream a `_ptsz` entry point means (NULL there is the thread's own).
-fn stream_arg(ctx: &Ctx, stream: *mut c_void) -> u64 {
-    if ctx.per_thread() && stream.is_null() { 2 } else { stream as u64 }
-}
-
 /// cuMemAllocAsync and its `_ptsz` form.
 pub unsafe fn mem_alloc_async(ctx: &Ctx, dptr: *mut c_void, bytesize: usize, stream: *mut c_void) -> u32 {
     driver(ctx.name, || {
         let conn = connection()?;
-        let args = [dptr as u64, bytesize as u64, stream_arg(ctx, stream)];
+        let args = [dptr as u64, bytesize as u64, ctx.stream(stream as u64)];
         // SAFETY: the caller's CUdeviceptr*, a size and a stream.
         let s = unsafe { crate::runtime::call_on(&conn, ctx.form(Form::Call), &args) } as u32;
         if s == SUCCESS && !dptr.is_null() {
@@ -979,7 +974,7 @@ pub unsafe fn mem_alloc_from_pool_async(
 ) -> u32 {
     driver(ctx.name, || {
         let conn = connection()?;
-        let args = [dptr as u64, bytesize as u64, pool as u64, stream_arg(ctx, stream)];
+        let args = [dptr as u64, bytesize as u64, pool as u64, ctx.stream(stream as u64)];
         // SAFETY: as cuMemAllocAsync, with a pool handle.
         let s = unsafe { crate::runtime::call_on(&conn, ctx.form(Form::Call), &args) } as u32;
         if s == SUCCESS && !dptr.is_null() {
@@ -1288,7 +1283,7 @@ pub unsafe fn stream_add_callback(
             return Err(INVALID_VALUE);
         }
         let conn = connection()?;
-        let stream = stream_arg(ctx, stream);
+        let stream = ctx.stream(stream as u64);
         let (s, cb, u) = (stream as usize, callback as usize, user as usize);
         let id = conn.register_callback(
             Arc::new(move |status| {

@@ -170,7 +170,7 @@ fn launch_ex(config: *mut c_void, func: *mut c_void, args: *mut c_void, per_thre
     }
     // SAFETY: the caller's cudaLaunchConfig_t and its attribute array.
     let (grid, block, smem, stream, attributes) = unsafe { read_launch_config(config) };
-    let stream = if per_thread { super::cudart::per_thread(stream) } else { stream };
+    let stream = chidori_protocol::desc::stream_meant(stream as u64, per_thread) as *mut c_void;
     launch(kernel_of(func), grid, block, args, smem, stream, attributes, false)
 }
 
@@ -660,12 +660,6 @@ fn symbol_copy(
     })
 }
 
-/// The stream an asynchronous symbol copy names: from a `_ptsz` entry point, NULL is the
-/// per-thread stream.
-fn symbol_stream(ctx: &Ctx, stream: *mut c_void) -> *mut c_void {
-    if ctx.per_thread() { super::cudart::per_thread(stream) } else { stream }
-}
-
 /// cudaMemcpyToSymbol(Async) (symbol, src, count, offset, kind[, stream]) and
 /// cudaMemcpyFromSymbol(Async) (dst, symbol, count, offset, kind[, stream]), and their
 /// per-thread forms (`raw_args`).
@@ -673,7 +667,7 @@ pub unsafe fn symbol_copy_raw(ctx: &Ctx, args: &[u64]) -> u64 {
     let word = |i: usize| args.get(i).copied().unwrap_or(0);
     let into = ctx.name.contains("ToSymbol");
     let (symbol, other) = if into { (word(0), word(1)) } else { (word(1), word(0)) };
-    let stream = (args.len() == 6).then(|| symbol_stream(ctx, word(5) as *mut c_void));
+    let stream = (args.len() == 6).then(|| ctx.stream(word(5)) as *mut c_void);
     let (count, offset, kind) = (word(2) as usize, word(3) as usize, word(4) as u32);
     u64::from(symbol_copy(into, symbol as *mut c_void, other as *mut c_void, count, offset, kind, stream))
 }
@@ -822,7 +816,7 @@ pub unsafe fn memcpy_2d_async(
     kind: u32,
     stream: *mut c_void,
 ) -> u32 {
-    let stream = if ctx.per_thread() { super::cudart::per_thread(stream) } else { stream };
+    let stream = ctx.stream(stream as u64) as *mut c_void;
     let c = Copy2d { dst: dst as u64, dpitch, src: src as u64, spitch, width, height };
     // SAFETY: the caller's rows, per cudaMemcpy2DAsync's contract.
     unsafe { copy_2d(&CopyForms::of(ctx), c, kind, &[stream as u64]) }

@@ -27,7 +27,7 @@ pub(super) fn trusted() -> bool {
 /// The key of `stream` as a call names it (`ptsz`: from a per-thread entry point, where
 /// NULL is the per-thread default stream).
 fn stream_key(stream: u64, ptsz: bool) -> Scope {
-    let handle = if ptsz { super::cudart::per_thread(stream as *mut c_void) as u64 } else { stream };
+    let handle = chidori_protocol::desc::stream_meant(stream, ptsz);
     Scope::Stream(idle::stream(
         handle,
         crate::state::current_device(),
