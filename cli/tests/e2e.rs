@@ -532,6 +532,45 @@ fn a_flag_written_before_a_wait_reaches_the_gpu_first() {
     assert!(!stderr.contains("WARN") && !stderr.contains("ERROR"), "{stderr}");
 }
 
+/// The GPU changes one byte in every four of mirrored memory (as a kernel adding to small
+/// integers does): the pull sends a bitmap and the changed bytes, and the program finds
+/// exactly the GPU's bytes and its own.
+const SPARSE_CHANGES: &str = r#"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cuda_runtime_api.h>
+int main(void) {
+  const size_t n = (size_t)3 << 20;
+  unsigned char *p, *pattern = malloc(n);
+  void *d;
+  if (!pattern) return 2;
+  if (cudaHostAlloc((void **)&p, n, cudaHostAllocMapped) != cudaSuccess) return 2;
+  if (cudaMalloc(&d, n) != cudaSuccess) return 2;
+  for (size_t i = 0; i < n; ++i) { p[i] = (unsigned char)(i / 4); pattern[i] = p[i]; }
+  for (size_t i = 0; i < n; i += 4) pattern[i] += 25;
+  if (cudaMemcpy(d, pattern, n, cudaMemcpyHostToDevice) != cudaSuccess) return 3;
+  /* Handed to the GPU, then rewritten there from device memory. */
+  if (cudaMemsetAsync(p + n - 1, p[n - 1], 1, 0) != cudaSuccess) return 4;
+  if (cudaMemcpyAsync(p, d, n, cudaMemcpyDeviceToDevice, 0) != cudaSuccess) return 5;
+  if (cudaStreamSynchronize(0) != cudaSuccess) return 6;
+  for (size_t i = 0; i < n; ++i)
+    if (p[i] != pattern[i]) { printf("byte %zu: %d, want %d\n", i, p[i], pattern[i]); return 7; }
+  if (cudaFreeHost(p) != cudaSuccess || cudaFree(d) != cudaSuccess) return 8;
+  printf("OK\n");
+  return 0;
+}
+"#;
+
+#[test]
+fn sparse_changes_to_mirrored_memory_come_back_exactly() {
+    let server = server();
+    let exe = program("sparse-changes", SPARSE_CHANGES);
+    let (stdout, stderr) = run_traced(&server, &exe);
+    assert!(stdout.contains("OK"), "{stdout}\n{stderr}");
+    assert!(!stderr.contains("WARN") && !stderr.contains("ERROR"), "{stderr}");
+}
+
 /// Pinned memory larger than one frame holds, read and then rewritten by the GPU: the
 /// program's bytes reach the mirror in several updates and the GPU's writes come back in
 /// several pulls (72 MiB: a pull answers at most 8 MiB, an update carries at most 64).

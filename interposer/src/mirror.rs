@@ -522,11 +522,11 @@ pub fn land(changes: Vec<MirrorChanges>) {
             None => t.covering(key, 1, |b| pinned(b).filter(|r| r.base == b).map(|r| r.len)).filter(|&(b, _)| b == key),
         };
         let base = range.map_or(0, |(b, _)| b);
-        let runs = range.ok_or_else(|| "outside any mirror".to_owned()).and_then(|(_, total)| {
-            chidori_protocol::mirror::unpack_runs(&change.runs, total, change.bytes.len() as u64)
+        let spans = range.ok_or_else(|| "outside any mirror".to_owned()).and_then(|(_, total)| {
+            chidori_protocol::mirror::unpack_changes(&change.runs, &change.mask, change.bytes.len(), total)
         });
-        let (range, runs) = match (range, runs) {
-            (Some(range), Ok(runs)) => (range, runs),
+        let (range, spans) = match (range, spans) {
+            (Some(range), Ok(spans)) => (range, spans),
             (_, Err(e)) => {
                 crate::log::once("mirror-outside", || {
                     tracing::warn!("the server sent pinned-memory bytes the client cannot place: {e}")
@@ -535,20 +535,24 @@ pub fn land(changes: Vec<MirrorChanges>) {
             }
             (None, Ok(_)) => continue,
         };
-        let mut at = 0usize;
-        for &(offset, n) in &runs {
-            let bytes = &change.bytes[at..at + n as usize];
-            at += n as usize;
+        for (span, bits, data) in chidori_protocol::mirror::span_parts(&spans, &change.mask, &change.bytes) {
             if stand_in.is_some() {
-                if !chidori_protocol::mirror::write_own(base + offset, bytes) {
+                // Pages the program may have unmapped since: written through the kernel, a
+                // span at a time (a masked span's other bytes as they are now).
+                let mut whole = vec![0u8; span.len as usize];
+                if span.masked && !chidori_protocol::mirror::read_own(base + span.offset, &mut whole) {
                     continue;
                 }
+                // SAFETY: `whole` holds the span's bytes.
+                unsafe { chidori_protocol::mirror::write_span(span, bits, data, whole.as_mut_ptr()) };
+                chidori_protocol::mirror::write_own(base + span.offset, &whole);
             } else {
-                // SAFETY: the run lies inside the program's pinned range (unpack_runs checked
-                // it against the range's length).
-                unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), (base + offset) as *mut u8, bytes.len()) };
+                // SAFETY: the span lies inside the program's pinned range (unpack_changes
+                // checked each span against the range's length).
+                unsafe { chidori_protocol::mirror::write_span(span, bits, data, (base + span.offset) as *mut u8) };
             }
         }
+        let runs: Vec<(u64, u64)> = spans.iter().map(|s| (s.offset, s.len)).collect();
         t.landed(key, range, &runs);
     }
 }

@@ -24,7 +24,8 @@ pub mod sock;
 /// Re-exported so both sides use the same rkyv.
 pub use rkyv;
 
-/// Bumped on any incompatible change to frames or messages (30: module loads named by
+/// Bumped on any incompatible change to frames or messages (31: a mirror pull's dense
+/// changes travel as bitmaps, `MirrorChanges::mask`; 30: module loads named by
 /// the client, `Service::LoadModuleNamed`, their images pulled from the client where the
 /// server lacks them, `Kind::NeedModule`/`Kind::ModuleImage`; 29: captures begun without
 /// waiting, named by the client, `Service::CaptureNamed`, and frees of placed memory on
@@ -37,4 +38,4 @@ pub use rkyv;
 /// holds travel by id ([`desc::Wire::RecordHandle`]), user objects, NCCL's last error as a
 /// service; 21: a scalar in device pointer mode may carry its width, [`desc::device_len`]; a
 /// compile brings back LTO, OptiX and NVVM IR and the precompiled header's status).
-pub const PROTOCOL_VERSION: u16 = 30;
+pub const PROTOCOL_VERSION: u16 = 31;

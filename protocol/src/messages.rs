@@ -200,14 +200,15 @@ pub struct HostCallback {
     pub land_only: bool,
 }
 
-/// What the GPU changed in one mirror since the client last saw it: `runs` are
-/// (offset from `base`, length) pairs packed by [`crate::mirror::pack_run`], `bytes` their
-/// contents one after another. Only the changed bytes travel: an equal byte between two
-/// changed ones may be one the program wrote since.
+/// What the GPU changed in one mirror since the client last saw it, as
+/// [`crate::mirror::Changes`] encodes it: packed spans (offsets from `base`), the bitmaps of
+/// masked spans, and the changed bytes one after another. Only the changed bytes travel:
+/// an equal byte between two changed ones may be one the program wrote since.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
 pub struct MirrorChanges {
     pub base: u64,
     pub runs: Vec<u8>,
+    pub mask: Vec<u8>,
     pub bytes: Vec<u8>,
 }
 

@@ -16,9 +16,11 @@
 //!
 //! Contents travel as byte runs: `(offset from the mirror's base, length)` pairs. Towards the
 //! server (whole changed chunks, few runs) their bytes follow one another in a frame's bulk
-//! section, at most [`PUSH_BUDGET`] a frame; back (exactly the bytes the GPU changed, which
-//! for a kernel that rewrote an array of floats is a run every few bytes) the runs are
-//! packed two varints each ([`pack_run`]) and a frame carries at most [`PULL_BUDGET`].
+//! section, at most [`PUSH_BUDGET`] a frame. Back come exactly the bytes the GPU changed,
+//! which for a kernel that rewrote an array of numbers may be a byte or two in every word:
+//! changes closer than [`MERGE_GAP`] form one *span*, sent either as its runs or, where
+//! those are many, as a bitmap of the bytes that changed and only those bytes
+//! ([`Changes`]); a frame carries at most [`PULL_BUDGET`].
 
 /// Where both sides reserve address space for pinned memory: 63 TiB, far below the region
 /// where Linux places mappings (just under the stack, near 128 TiB) and far above
@@ -40,6 +42,8 @@ pub const PUSH_BUDGET: u64 = 64 << 20;
 pub const PUSH_MAX_RUNS: usize = 1 << 18;
 /// The longest a packed run can be: two 10-byte varints.
 pub const MAX_PACKED_RUN: usize = 20;
+/// Changed bytes fewer than this apart belong to one span of a pull ([`changed_spans`]).
+pub const MERGE_GAP: usize = 16;
 
 /// Mirrors of pageable memory that graphs copy (*stand-ins*) are named on the wire by keys
 /// from here up, never by an address: the worker places each where it likes, and calls that
@@ -173,6 +177,305 @@ pub fn changed_runs(before: &[u8], now: &[u8]) -> Vec<(u64, u64)> {
     runs
 }
 
+/// A stretch of changed bytes: no two changes in it are [`MERGE_GAP`] or more bytes apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span {
+    pub start: usize,
+    pub len: usize,
+    /// Exact runs of changed bytes in it, and changed bytes.
+    pub runs: usize,
+    pub changed: usize,
+}
+
+impl Span {
+    /// Whether a bitmap of its bytes travels cheaper than its runs: a bit a byte against a
+    /// packed run (about three bytes) each.
+    fn masked(&self) -> bool {
+        self.changed < self.len && self.len.div_ceil(8) < 3 * self.runs
+    }
+}
+
+/// The spans where `now` differs from `before` (same length), in order: one pass, eight
+/// bytes at a time where nothing changed.
+pub fn changed_spans(before: &[u8], now: &[u8]) -> Vec<Span> {
+    let n = before.len().min(now.len());
+    let mut spans: Vec<Span> = Vec::new();
+    // Whether the byte before the one looked at changed (a new run starts otherwise).
+    let mut previous = false;
+    let mut note = |at: usize, changed: bool, spans: &mut Vec<Span>| {
+        if changed {
+            match spans.last_mut() {
+                Some(s) if at - (s.start + s.len) < MERGE_GAP => {
+                    s.len = at + 1 - s.start;
+                    s.changed += 1;
+                    s.runs += usize::from(!previous);
+                }
+                _ => spans.push(Span { start: at, len: 1, runs: 1, changed: 1 }),
+            }
+        }
+        previous = changed;
+    };
+    let mut i = 0;
+    while i + 8 <= n {
+        let x = word(before, i) ^ word(now, i);
+        if x == 0 {
+            note(i + 7, false, &mut spans);
+        } else if nonzero_bytes(x) == 0xff {
+            // All eight changed: the first joins or starts a span, the rest extend it.
+            note(i, true, &mut spans);
+            if let Some(s) = spans.last_mut() {
+                s.len = i + 8 - s.start;
+                s.changed += 7;
+            }
+        } else {
+            for k in 0..8 {
+                note(i + k, x >> (8 * k) & 0xff != 0, &mut spans);
+            }
+        }
+        i += 8;
+    }
+    for k in i..n {
+        note(k, before[k] != now[k], &mut spans);
+    }
+    spans
+}
+
+/// Eight bytes at `at` as one word (little-endian: byte `k` is bits `8k..8k + 8`).
+fn word(bytes: &[u8], at: usize) -> u64 {
+    let mut w = [0u8; 8];
+    w.copy_from_slice(&bytes[at..at + 8]);
+    u64::from_le_bytes(w)
+}
+
+/// Bit `k` set where byte `k` of `x` is not zero.
+fn nonzero_bytes(x: u64) -> u8 {
+    const LOW: u64 = 0x7f7f_7f7f_7f7f_7f7f;
+    // The top bit of each byte: set where the byte is not zero (its low seven bits carry
+    // into it, or it was set).
+    let top = (((x & LOW) + LOW) | x) & !LOW;
+    (0..8).fold(0u8, |bits, k| bits | ((top >> (8 * k + 7)) as u8 & 1) << k)
+}
+
+/// Bit `k` set where byte `k` of the up to eight bytes differs.
+fn changed_bits(before: &[u8], now: &[u8]) -> u8 {
+    if before.len() == 8 {
+        return nonzero_bytes(word(before, 0) ^ word(now, 0));
+    }
+    before.iter().zip(now).enumerate().fold(0u8, |bits, (k, (a, b))| bits | u8::from(a != b) << k)
+}
+
+/// Changes to one mirror as a pull sends them (the fields of `messages::MirrorChanges`):
+/// spans packed two varints each, the gap since the previous span's end and the length
+/// shifted left by one, its low bit set for a *masked* span; for each masked span, in
+/// order, a bitmap of its bytes (least significant bit first, whole bytes, unused bits
+/// clear) where a set bit is a changed byte; and the changed bytes, in order. An unmasked
+/// span's bytes all changed. Bytes that did not change never travel: the program may have
+/// written one since.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Changes {
+    pub runs: Vec<u8>,
+    pub mask: Vec<u8>,
+    pub bytes: Vec<u8>,
+    /// Where the last span ended.
+    end: u64,
+}
+
+/// A span of [`Changes`] read back: `offset` from the mirror's base, and whether a bitmap
+/// says which of its bytes are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChangedSpan {
+    pub offset: u64,
+    pub len: u64,
+    pub masked: bool,
+}
+
+impl Changes {
+    /// The encoded size so far.
+    pub fn size(&self) -> usize {
+        self.runs.len() + self.mask.len() + self.bytes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.runs.is_empty()
+    }
+
+    /// Add what changed between `before` and `now`, which lie at `offset` in the mirror
+    /// (after every span added so far).
+    pub fn add(&mut self, offset: u64, before: &[u8], now: &[u8]) {
+        for span in changed_spans(before, now) {
+            let (b, n) = (&before[span.start..span.start + span.len], &now[span.start..span.start + span.len]);
+            let at = offset + span.start as u64;
+            if span.masked() {
+                self.pack(at, span.len as u64, true);
+                for (group_b, group_n) in b.chunks(8).zip(n.chunks(8)) {
+                    let bits = changed_bits(group_b, group_n);
+                    if bits == 0xff {
+                        self.bytes.extend_from_slice(group_n);
+                    } else {
+                        let mut rest = bits;
+                        while rest != 0 {
+                            self.bytes.push(group_n[rest.trailing_zeros() as usize]);
+                            rest &= rest - 1;
+                        }
+                    }
+                    self.mask.push(bits);
+                }
+            } else if span.runs == 1 {
+                self.pack(at, span.len as u64, false);
+                self.bytes.extend_from_slice(n);
+            } else {
+                for (o, len) in changed_runs(b, n) {
+                    self.pack(at + o, len, false);
+                    self.bytes.extend_from_slice(&n[o as usize..(o + len) as usize]);
+                }
+            }
+        }
+    }
+
+    fn pack(&mut self, offset: u64, len: u64, masked: bool) {
+        for mut v in [offset - self.end, len << 1 | u64::from(masked)] {
+            while v >= 0x80 {
+                self.runs.push((v as u8) | 0x80);
+                v >>= 7;
+            }
+            self.runs.push(v as u8);
+        }
+        self.end = offset + len;
+    }
+
+    /// Drop what was added after the encoded size was `size` (an [`Changes::mark`]).
+    pub fn truncate(&mut self, mark: (usize, usize, usize, u64)) {
+        self.runs.truncate(mark.0);
+        self.mask.truncate(mark.1);
+        self.bytes.truncate(mark.2);
+        self.end = mark.3;
+    }
+
+    /// Where the encoding stands, for [`Changes::truncate`].
+    pub fn mark(&self) -> (usize, usize, usize, u64) {
+        (self.runs.len(), self.mask.len(), self.bytes.len(), self.end)
+    }
+}
+
+/// The spans of changes received for a mirror of `len` bytes, checked: in order, not
+/// overlapping, inside the mirror, one bitmap byte for every 8 bytes of each masked span
+/// (unused bits clear), and as many changed bytes as the spans and bitmaps say.
+pub fn unpack_changes(runs: &[u8], mask: &[u8], bytes: usize, len: u64) -> Result<Vec<ChangedSpan>, String> {
+    fn varint(packed: &[u8], at: &mut usize) -> Result<u64, String> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let b = *packed.get(*at).ok_or("packed runs end inside a number")?;
+            *at += 1;
+            v |= u64::from(b & 0x7f)
+                .checked_shl(shift)
+                .filter(|x| x >> shift == u64::from(b & 0x7f))
+                .ok_or("a packed number overflows")?;
+            if b & 0x80 == 0 {
+                return Ok(v);
+            }
+        }
+        Err("a packed number overflows".into())
+    }
+    let mut spans = Vec::new();
+    let (mut at, mut end, mut mask_at, mut total) = (0usize, 0u64, 0usize, 0u64);
+    while at < runs.len() {
+        let gap = varint(runs, &mut at)?;
+        let word = varint(runs, &mut at)?;
+        let (n, masked) = (word >> 1, word & 1 == 1);
+        let offset = end.checked_add(gap).ok_or("a run overflows")?;
+        end = offset.checked_add(n).ok_or("a run overflows")?;
+        if end > len {
+            return Err(format!("a span {offset}+{n} outside a mirror of {len} bytes"));
+        }
+        if masked {
+            let groups = usize::try_from(n.div_ceil(8)).map_err(|_| "a span overflows")?;
+            let bits = mask.get(mask_at..mask_at + groups).ok_or("the bitmap ends inside a span")?;
+            if let Some(&last) = bits.last()
+                && n % 8 != 0
+                && last >> (n % 8) != 0
+            {
+                return Err("a bitmap names bytes past its span".into());
+            }
+            total += bits.iter().map(|b| u64::from(b.count_ones())).sum::<u64>();
+            mask_at += groups;
+        } else {
+            total = total.checked_add(n).ok_or("runs overflow")?;
+        }
+        spans.push(ChangedSpan { offset, len: n, masked });
+    }
+    if mask_at != mask.len() {
+        return Err(format!("a bitmap of {} bytes for spans that need {mask_at}", mask.len()));
+    }
+    if total != bytes as u64 {
+        return Err(format!("spans of {total} changed bytes with {bytes} bytes of contents"));
+    }
+    Ok(spans)
+}
+
+/// Each span with its bitmap (empty for an unmasked span) and its changed bytes; `spans`
+/// as [`unpack_changes`] checked them against `mask` and `bytes`.
+pub fn span_parts<'a>(
+    spans: &'a [ChangedSpan],
+    mask: &'a [u8],
+    bytes: &'a [u8],
+) -> impl Iterator<Item = (ChangedSpan, &'a [u8], &'a [u8])> + 'a {
+    let (mut mask_at, mut at) = (0usize, 0usize);
+    spans.iter().map(move |&span| {
+        let n = span.len as usize;
+        let bits: &[u8] = if span.masked { &mask[mask_at..mask_at + n.div_ceil(8)] } else { &[] };
+        mask_at += bits.len();
+        let count = if span.masked { bits.iter().map(|b| b.count_ones() as usize).sum() } else { n };
+        let data = &bytes[at..at + count];
+        at += count;
+        (span, bits, data)
+    })
+}
+
+/// Write one span's changed bytes (one of [`span_parts`]) at `dst`, where the span's
+/// first byte lies; the bytes a bitmap does not name are left as they are.
+///
+/// # Safety
+/// `dst` must be valid for writes of `span.len` bytes.
+pub unsafe fn write_span(span: ChangedSpan, bits: &[u8], data: &[u8], dst: *mut u8) {
+    if !span.masked {
+        // SAFETY: an unmasked span's data is its `span.len` bytes; the caller's contract.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len().min(span.len as usize)) };
+        return;
+    }
+    let n = span.len as usize;
+    let mut at = 0usize;
+    for (g, &b) in bits.iter().enumerate() {
+        let group = g * 8;
+        if b == 0xff && group + 8 <= n {
+            // SAFETY: 8 bytes inside the span; 8 of data (span_parts counted the bits).
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr().add(at), dst.add(group), 8) };
+            at += 8;
+            continue;
+        }
+        let mut rest = b;
+        while rest != 0 {
+            let k = rest.trailing_zeros() as usize;
+            if group + k < n && at < data.len() {
+                // SAFETY: inside the span (checked), one byte of data.
+                unsafe { dst.add(group + k).write(data[at]) };
+            }
+            at += 1;
+            rest &= rest - 1;
+        }
+    }
+}
+
+/// Write the changes into `dst`, the mirror's bytes; `spans` as [`unpack_changes`] checked
+/// them for `dst.len()`, `mask` and `bytes`.
+pub fn apply_changes(spans: &[ChangedSpan], mask: &[u8], bytes: &[u8], dst: &mut [u8]) {
+    for (span, bits, data) in span_parts(spans, mask, bytes) {
+        let (at, n) = (span.offset as usize, span.len as usize);
+        let Some(target) = dst.get_mut(at..at + n) else { continue };
+        // SAFETY: `target` holds the span's `n` bytes.
+        unsafe { write_span(span, bits, data, target.as_mut_ptr()) };
+    }
+}
+
 /// Check runs sent for a mirror of `len` bytes with `bulk` bytes of contents: each inside
 /// the mirror, in order, not overlapping, and their lengths adding up to `bulk`.
 pub fn check_runs(runs: &[(u64, u64)], len: u64, bulk: u64) -> Result<(), String> {
@@ -214,50 +517,6 @@ pub fn batches(runs: &[(u64, u64)], budget: u64, max_runs: usize) -> Vec<Vec<(u6
         }
     }
     out
-}
-
-/// Append the run `(offset, len)` to `packed`, where `end` is where the previous run ended
-/// (0 for the first): the gap and the length, LEB128 each. Returns the new end.
-pub fn pack_run(packed: &mut Vec<u8>, end: u64, offset: u64, len: u64) -> u64 {
-    for mut v in [offset - end, len] {
-        while v >= 0x80 {
-            packed.push((v as u8) | 0x80);
-            v >>= 7;
-        }
-        packed.push(v as u8);
-    }
-    offset + len
-}
-
-/// The runs `packed` holds, checked as [`check_runs`] checks them for a mirror of `len`
-/// bytes with `bytes` bytes of contents.
-pub fn unpack_runs(packed: &[u8], len: u64, bytes: u64) -> Result<Vec<(u64, u64)>, String> {
-    fn varint(packed: &[u8], at: &mut usize) -> Result<u64, String> {
-        let mut v = 0u64;
-        for shift in (0..64).step_by(7) {
-            let b = *packed.get(*at).ok_or("packed runs end inside a number")?;
-            *at += 1;
-            v |= u64::from(b & 0x7f)
-                .checked_shl(shift)
-                .filter(|x| x >> shift == u64::from(b & 0x7f))
-                .ok_or("a packed number overflows")?;
-            if b & 0x80 == 0 {
-                return Ok(v);
-            }
-        }
-        Err("a packed number overflows".into())
-    }
-    let mut runs = Vec::new();
-    let (mut at, mut end) = (0usize, 0u64);
-    while at < packed.len() {
-        let gap = varint(packed, &mut at)?;
-        let n = varint(packed, &mut at)?;
-        let offset = end.checked_add(gap).ok_or("a run overflows")?;
-        end = offset.checked_add(n).ok_or("a run overflows")?;
-        runs.push((offset, n));
-    }
-    check_runs(&runs, len, bytes)?;
-    Ok(runs)
 }
 
 /// Copy the bytes of `runs` (consecutive in `bytes`) into `dst` at their offsets. The runs
@@ -308,24 +567,109 @@ mod tests {
         assert_eq!(batches(&[(0, 6), (8, 6)], 10, 9), vec![vec![(0, 6), (8, 4)], vec![(12, 2)]]);
     }
 
+    /// Changes packed and read back: spans in order, a sparse stretch as a bitmap, a dense
+    /// one as its runs.
     #[test]
-    fn packed_runs_come_back_as_they_went() {
-        let runs = [(0u64, 1u64), (3, 200), (1 << 40, 5)];
-        let mut packed = Vec::new();
-        let mut end = 0;
-        for &(o, n) in &runs {
-            end = pack_run(&mut packed, end, o, n);
+    fn changes_come_back_as_they_went() {
+        let before = vec![0u8; 400];
+        let mut now = before.clone();
+        // One byte in every four of 0..64: a bitmap is cheaper than 16 runs.
+        for i in (0..64).step_by(4) {
+            now[i] = 1;
         }
-        assert_eq!(packed.len(), 2 + 3 + 7);
-        assert_eq!(unpack_runs(&packed, (1 << 40) + 5, 206), Ok(runs.to_vec()));
-        assert!(unpack_runs(&packed, 1 << 40, 206).is_err(), "past the end");
-        assert!(unpack_runs(&packed, (1 << 40) + 5, 205).is_err(), "contents of another size");
-        assert!(unpack_runs(&packed[..packed.len() - 1], (1 << 40) + 5, 206).is_err(), "cut short");
-        assert!(unpack_runs(&[0xff; 11], u64::MAX, 0).is_err(), "overlong number");
+        // Two long runs 10 bytes apart: cheaper as runs.
+        now[100..180].fill(2);
+        now[190..300].fill(3);
+        let mut c = Changes::default();
+        c.add(1 << 40, &before, &now);
+        let spans = unpack_changes(&c.runs, &c.mask, c.bytes.len(), (1 << 40) + 400).expect("well formed");
+        assert_eq!(
+            spans,
+            vec![
+                ChangedSpan { offset: 1 << 40, len: 61, masked: true },
+                ChangedSpan { offset: (1 << 40) + 100, len: 80, masked: false },
+                ChangedSpan { offset: (1 << 40) + 190, len: 110, masked: false },
+            ]
+        );
+        assert_eq!(c.mask.len(), 8);
+        assert_eq!(c.bytes.len(), 16 + 80 + 110);
+        let mut rebuilt = vec![0u8; 400];
+        let shifted: Vec<ChangedSpan> =
+            spans.iter().map(|s| ChangedSpan { offset: s.offset - (1 << 40), ..*s }).collect();
+        apply_changes(&shifted, &c.mask, &c.bytes, &mut rebuilt);
+        assert_eq!(rebuilt, now);
+        // What a pull never writes: bytes in a span that did not change (the program's own
+        // writes since stay).
+        let mut program = vec![7u8; 400];
+        apply_changes(&shifted[..1], &c.mask, &c.bytes[..16], &mut program);
+        for (i, &b) in program.iter().enumerate() {
+            assert_eq!(b, if i < 64 && i % 4 == 0 { 1 } else { 7 }, "byte {i}");
+        }
+    }
+
+    #[test]
+    fn malformed_changes_are_refused() {
+        let mut c = Changes::default();
+        let mut now = vec![0u8; 64];
+        for i in (0..64).step_by(2) {
+            now[i] = 9;
+        }
+        c.add(0, &[0u8; 64], &now);
+        assert_eq!(c.mask.len(), 8);
+        let ok = |runs: &[u8], mask: &[u8], bytes: usize, len: u64| unpack_changes(runs, mask, bytes, len).is_ok();
+        assert!(ok(&c.runs, &c.mask, c.bytes.len(), 64));
+        assert!(!ok(&c.runs, &c.mask, c.bytes.len(), 62), "past the end");
+        assert!(!ok(&c.runs, &c.mask, c.bytes.len() - 1, 64), "contents of another size");
+        assert!(!ok(&c.runs, &c.mask[..7], c.bytes.len(), 64), "bitmap cut short");
+        assert!(!ok(&c.runs, &[c.mask.as_slice(), &[0]].concat(), c.bytes.len(), 64), "bitmap too long");
+        let mut flipped = c.mask.clone();
+        flipped[7] |= 0x80;
+        assert!(!ok(&c.runs, &flipped, c.bytes.len(), 64), "a bit past the span");
+        assert!(!ok(&c.runs[..c.runs.len() - 1], &c.mask, c.bytes.len(), 64), "cut short");
+        assert!(!ok(&[0xff; 11], &[], 0, u64::MAX), "overlong number");
         assert!(
-            unpack_runs(&[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f, 1], u64::MAX, 1).is_err(),
+            !ok(&[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f, 2], &[], 1, u64::MAX),
             "over 64 bits"
         );
+        // Out of order cannot be said: a span starts after the previous one ends.
+        assert!(ok(&[0, 8, 0, 8], &[], 8, 8), "two adjacent spans");
+    }
+
+    #[test]
+    fn nonzero_bytes_are_found() {
+        assert_eq!(nonzero_bytes(0), 0);
+        assert_eq!(nonzero_bytes(u64::MAX), 0xff);
+        assert_eq!(nonzero_bytes(0x0100_0000_0000_0080), 0b1000_0001);
+        assert_eq!(nonzero_bytes(0x0000_0000_7f00_0001), 0b0000_1001);
+        for k in 0..8 {
+            assert_eq!(nonzero_bytes(1 << (8 * k)), 1 << k);
+            assert_eq!(nonzero_bytes(0x80 << (8 * k)), 1 << k);
+        }
+    }
+
+    /// A change larger than a frame: the encoded size is what the fields hold, and one
+    /// byte in each word costs about two bits and a byte, not a packed run.
+    #[test]
+    fn a_byte_in_every_word_costs_a_bitmap() {
+        let before = vec![25u8; 1 << 20];
+        let mut now = before.clone();
+        for i in (0..now.len()).step_by(4) {
+            now[i] = 50;
+        }
+        let mut c = Changes::default();
+        c.add(0, &before, &now);
+        assert_eq!(c.size(), c.runs.len() + c.mask.len() + c.bytes.len());
+        // A bit for each byte and the changed quarter (exact runs: the quarter and two bytes
+        // of packed run for each, 3/4 of the array).
+        assert!(c.size() <= (1 << 20) * 3 / 8 + 8, "{} bytes", c.size());
+        let spans = unpack_changes(&c.runs, &c.mask, c.bytes.len(), 1 << 20).expect("well formed");
+        let mut rebuilt = before.clone();
+        apply_changes(&spans, &c.mask, &c.bytes, &mut rebuilt);
+        assert!(rebuilt == now);
+        let mark = c.mark();
+        c.add(1 << 20, &[0u8; 4], &[1u8; 4]);
+        c.truncate(mark);
+        assert_eq!(unpack_changes(&c.runs, &c.mask, c.bytes.len(), 1 << 20), Ok(spans), "truncated back");
     }
 
     #[test]
@@ -354,7 +698,37 @@ mod tests {
             prop_assert!(check_runs(&runs, before.len() as u64, bytes.len() as u64).is_ok());
             let mut rebuilt = before.clone();
             apply_runs(&runs, &bytes, &mut rebuilt);
+            prop_assert_eq!(&rebuilt, &now);
+            // Encoded for a pull, in two parts: the same bytes, and only the changed ones are
+            // written (a byte the program wrote meanwhile, where nothing changed, stays).
+            let cut = before.len() / 3;
+            let mut c = Changes::default();
+            c.add(0, &before[..cut], &now[..cut]);
+            c.add(cut as u64, &before[cut..], &now[cut..]);
+            let spans = unpack_changes(&c.runs, &c.mask, c.bytes.len(), before.len() as u64);
+            prop_assert!(spans.is_ok(), "{:?}", spans);
+            let spans = spans.unwrap_or_default();
+            // The program's own bytes: where nothing changed, something else.
+            let mut program: Vec<u8> = before.iter().zip(&now).map(|(&b, &n)| if b == n { b ^ 0x5a } else { b }).collect();
+            apply_changes(&spans, &c.mask, &c.bytes, &mut program);
+            for i in 0..before.len() {
+                let want = if before[i] != now[i] { now[i] } else { before[i] ^ 0x5a };
+                prop_assert_eq!(program[i], want, "byte {}", i);
+            }
+            let mut rebuilt = before.clone();
+            apply_changes(&spans, &c.mask, &c.bytes, &mut rebuilt);
             prop_assert_eq!(rebuilt, now);
+        }
+
+        /// Every malformed encoding is refused or within bounds: never a panic.
+        #[test]
+        fn any_encoding_is_checked(runs in proptest::collection::vec(any::<u8>(), 0..40),
+                                   mask in proptest::collection::vec(any::<u8>(), 0..8),
+                                   bytes in 0usize..64, len in 0u64..256) {
+            if let Ok(spans) = unpack_changes(&runs, &mask, bytes, len) {
+                let mut dst = vec![0u8; len as usize];
+                apply_changes(&spans, &mask, &vec![1u8; bytes], &mut dst);
+            }
         }
     }
 }

@@ -41,8 +41,9 @@ pub fn reserve_arena() -> bool {
     ok
 }
 
-/// A pull reads a mirror this much at a time.
-const WINDOW: u64 = 4 << 20;
+/// A pull reads and encodes a mirror this much at a time; its changes cost at most about
+/// half again as much encoded (a bitmap, or packed runs no more than one in 24 bytes).
+const WINDOW: u64 = 1 << 20;
 
 struct Mirror {
     /// The client's range (a stand-in: its key, and its address in `client`).
@@ -235,9 +236,10 @@ impl Mirrors {
     }
 
     /// The bytes of these mirrors that changed since the client last saw them, from offset
-    /// `from` of the first, until about `budget` bytes (packed runs and contents) are
-    /// gathered; the shadows take the bytes sent. Also where the next pull starts, as
-    /// (mirror base, offset), when more changed than the budget holds.
+    /// `from` of the first, a window ([`WINDOW`]) at a time until the next would take the
+    /// encoded changes past `budget` bytes (the first window always goes); the shadows take
+    /// the bytes sent. Also where the next pull starts, as (mirror base, offset), when more
+    /// changed than the budget holds.
     pub fn pull(
         &mut self,
         backend: &dyn Backend,
@@ -249,11 +251,12 @@ impl Mirrors {
         // Room for one struct's fields in the archive.
         const PER_MIRROR: usize = 64;
         let mut used = 0usize;
+        let message =
+            |base: u64, c: mirror::Changes| MirrorChanges { base, runs: c.runs, mask: c.mask, bytes: c.bytes };
         for (i, &base) in bases.iter().enumerate() {
             let Some(m) = self.by_base.get_mut(&base) else { continue };
-            let mut changes = MirrorChanges { base, ..Default::default() };
+            let mut changes = mirror::Changes::default();
             used += PER_MIRROR;
-            let mut end = 0u64;
             let mut at = if i == 0 { from.min(m.len) } else { 0 };
             while at < m.len {
                 let window = (m.len - at).min(WINDOW);
@@ -265,34 +268,24 @@ impl Mirrors {
                     }
                 };
                 let shadow = &mut m.shadow[at as usize..(at + window) as usize];
-                for (offset, n) in mirror::changed_runs(shadow, &now) {
-                    let (mut o, mut n) = (offset as usize, n as usize);
-                    while n > 0 {
-                        let mut room = budget.saturating_sub(used + mirror::MAX_PACKED_RUN);
-                        if room == 0 && out.is_empty() && changes.runs.is_empty() {
-                            // Every pull moves on, however small the budget.
-                            room = n;
-                        }
-                        if room == 0 {
-                            if !changes.runs.is_empty() {
-                                out.push(changes);
-                            }
-                            return (out, Some((base, at + o as u64)));
-                        }
-                        let take = n.min(room);
-                        let before = changes.runs.len();
-                        end = mirror::pack_run(&mut changes.runs, end, at + o as u64, take as u64);
-                        changes.bytes.extend_from_slice(&now[o..o + take]);
-                        shadow[o..o + take].copy_from_slice(&now[o..o + take]);
-                        used += take + changes.runs.len() - before;
-                        o += take;
-                        n -= take;
+                let (mark, size) = (changes.mark(), changes.size());
+                changes.add(at, shadow, &now);
+                let cost = changes.size() - size;
+                // Every pull moves on, however small the budget.
+                let gathered = !out.is_empty() || size > 0;
+                if gathered && used + cost > budget {
+                    changes.truncate(mark);
+                    if !changes.is_empty() {
+                        out.push(message(base, changes));
                     }
+                    return (out, Some((base, at)));
                 }
+                shadow.copy_from_slice(&now);
+                used += cost;
                 at += window;
             }
-            if !changes.runs.is_empty() {
-                out.push(changes);
+            if !changes.is_empty() {
+                out.push(message(base, changes));
             }
         }
         (out, None)
@@ -385,7 +378,7 @@ mod tests {
     fn large_changes_come_back_in_pages_that_rebuild_them() {
         let backend = crate::fuzz::emulated_harness_backend();
         assert!(reserve_arena());
-        let (base, len) = (ARENA_BASE + (3 << 30), 6u64 << 20);
+        let (base, len) = (ARENA_BASE + (3 << 30), 12u64 << 20);
         let mut mirrors = Mirrors::default();
         mirrors.write(&*backend, base, len, &[], &[], false, 0).expect("a mirror in the arena");
         // What the GPU would do: every float rewritten, so few bytes in a row change.
@@ -395,15 +388,17 @@ mod tests {
             *x = i as f32 * 2.0 + 1.0;
         }
         let mut client = vec![0u8; len as usize];
-        let budget = 1 << 20;
+        // Two windows' changes do not fit: a page each.
+        let budget = 2 << 20;
         let (mut from, mut pages) = (0, 0);
         loop {
             let (changes, next) = mirrors.pull(&*backend, &[base], from, budget);
             pages += 1;
+            let size: usize = changes.iter().map(|c| c.runs.len() + c.mask.len() + c.bytes.len()).sum();
+            assert!(size <= budget, "{size} bytes in a page");
             for c in &changes {
-                assert!(c.runs.len() + c.bytes.len() <= budget + 64);
-                let runs = mirror::unpack_runs(&c.runs, len, c.bytes.len() as u64).expect("well-formed runs");
-                mirror::apply_runs(&runs, &c.bytes, &mut client);
+                let spans = mirror::unpack_changes(&c.runs, &c.mask, c.bytes.len(), len).expect("well-formed changes");
+                mirror::apply_changes(&spans, &c.mask, &c.bytes, &mut client);
             }
             match next {
                 Some((b, offset)) => {
