@@ -1,7 +1,8 @@
 /* Pulls of mirrored pinned memory, the way NVIDIA's simpleStreams makes them: 64 MiB of
  * mapped pinned memory, handed to the GPU, rewritten there each round from device memory
- * whose integers grew by 25 (one byte in four changes), then a synchronize that brings the
- * changes back. Prints the seconds per round, after checking every byte. Run through
+ * whose integers grew by 25 (one byte in four changes; argv[2] another step), then a
+ * synchronize that brings the changes back. Prints the seconds per round, after checking
+ * every byte (argv[1] rounds, 10 by default). Run through
  * `chidori run` (bench/mirror_pulls.sh); on the emulated backend a device-to-device copy
  * into the mirror stands for the kernel. */
 #include <stdio.h>
@@ -19,6 +20,8 @@ static double now(void) {
 int main(int argc, char **argv) {
   const size_t n = (size_t)64 << 20;
   int rounds = argc > 1 ? atoi(argv[1]) : 10;
+  /* What each round adds to every integer: 25 changes one byte in four, 0x01010101 all. */
+  unsigned int step = argc > 2 ? (unsigned int)strtoul(argv[2], 0, 0) : 25;
   unsigned int *p, *values = malloc(n);
   void *d;
   if (!values || cudaHostAlloc((void **)&p, n, cudaHostAllocMapped) != cudaSuccess) return 2;
@@ -29,7 +32,7 @@ int main(int argc, char **argv) {
   if (cudaMemsetAsync(p, 0, 4, 0) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess) return 3;
   double total = 0;
   for (int r = 0; r < rounds; ++r) {
-    for (size_t i = 0; i < n / 4; ++i) values[i] += 25;
+    for (size_t i = 0; i < n / 4; ++i) values[i] += step;
     if (cudaMemcpy(d, values, n, cudaMemcpyHostToDevice) != cudaSuccess) return 4;
     double t0 = now();
     if (cudaMemcpyAsync(p, d, n, cudaMemcpyDeviceToDevice, 0) != cudaSuccess) return 5;
@@ -37,6 +40,6 @@ int main(int argc, char **argv) {
     total += now() - t0;
     if (memcmp(p, values, n) != 0) return 7;
   }
-  printf("%.4f s per round (%d rounds of 64 MiB, one byte in four changed)\n", total / rounds, rounds);
+  printf("%.4f s per round (%d rounds of 64 MiB, each integer + %#x)\n", total / rounds, rounds, step);
   return 0;
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Seconds per pull of 64 MiB of mirrored pinned memory of which one byte in four changed
-# (bench/mirror_pulls.c), through Chidori on loopback, emulated backend (no GPU). Usage:
+# (bench/mirror_pulls.c; STEP=0x01010101: every byte), through Chidori on loopback,
+# emulated backend (no GPU). Usage:
 #   bash bench/mirror_pulls.sh DIST [DIST...]   (a dist: target/dist, or an older one)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,7 +14,7 @@ for dist in "$@"; do
     --insecure > /dev/null 2>&1 &
   server=$!
   sleep 1.5
-  echo "$dist: $(timeout 300 "$bin" run -s 127.0.0.1:47311 -- "$exe" "${ROUNDS:-10}")"
+  echo "$dist: $(timeout 300 "$bin" run -s 127.0.0.1:47311 -- "$exe" "${ROUNDS:-10}" "${STEP:-25}")"
   kill "$server"
   wait "$server" 2>/dev/null || true
 done

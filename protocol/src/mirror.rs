@@ -196,48 +196,61 @@ impl Span {
 }
 
 /// The spans where `now` differs from `before` (same length), in order: one pass, eight
-/// bytes at a time where nothing changed.
+/// bytes at a time.
 pub fn changed_spans(before: &[u8], now: &[u8]) -> Vec<Span> {
     let n = before.len().min(now.len());
     let mut spans: Vec<Span> = Vec::new();
-    // Whether the byte before the one looked at changed (a new run starts otherwise).
+    // Whether the byte before the ones looked at changed (a run continues then).
     let mut previous = false;
-    let mut note = |at: usize, changed: bool, spans: &mut Vec<Span>| {
-        if changed {
-            match spans.last_mut() {
-                Some(s) if at - (s.start + s.len) < MERGE_GAP => {
-                    s.len = at + 1 - s.start;
-                    s.changed += 1;
-                    s.runs += usize::from(!previous);
-                }
-                _ => spans.push(Span { start: at, len: 1, runs: 1, changed: 1 }),
-            }
-        }
-        previous = changed;
-    };
     let mut i = 0;
-    while i + 8 <= n {
-        let x = word(before, i) ^ word(now, i);
-        if x == 0 {
-            note(i + 7, false, &mut spans);
-        } else if nonzero_bytes(x) == 0xff {
-            // All eight changed: the first joins or starts a span, the rest extend it.
-            note(i, true, &mut spans);
-            if let Some(s) = spans.last_mut() {
-                s.len = i + 8 - s.start;
-                s.changed += 7;
+    while i < n {
+        // Bit k: byte i + k changed.
+        let (bits, width) = if i + 8 <= n {
+            let x = word(before, i) ^ word(now, i);
+            if x != 0 && all_nonzero(x) {
+                // All eight changed, and maybe the words after: one stretch.
+                let mut j = i + 8;
+                while j + 8 <= n && all_nonzero(word(before, j) ^ word(now, j)) {
+                    j += 8;
+                }
+                add_stretch(&mut spans, i, j - i, usize::from(!previous), j - i);
+                previous = true;
+                i = j;
+                continue;
             }
+            (nonzero_bytes(x), 8)
         } else {
-            for k in 0..8 {
-                note(i + k, x >> (8 * k) & 0xff != 0, &mut spans);
-            }
+            (changed_bits(&before[i..n], &now[i..n]), n - i)
+        };
+        if bits != 0 {
+            let (first, last) = (bits.trailing_zeros() as usize, 7 - bits.leading_zeros() as usize);
+            // Bytes that start a run: changed, and the byte before did not.
+            let starts = bits & !((bits << 1) | u8::from(previous));
+            add_stretch(
+                &mut spans,
+                i + first,
+                last + 1 - first,
+                starts.count_ones() as usize,
+                bits.count_ones() as usize,
+            );
         }
-        i += 8;
-    }
-    for k in i..n {
-        note(k, before[k] != now[k], &mut spans);
+        previous = bits >> (width - 1) & 1 == 1;
+        i += width;
     }
     spans
+}
+
+/// Add `len` bytes from `start` (first and last changed, `runs` runs and `changed` bytes
+/// changed in them) to the last span, or start a span.
+fn add_stretch(spans: &mut Vec<Span>, start: usize, len: usize, runs: usize, changed: usize) {
+    match spans.last_mut() {
+        Some(s) if start - (s.start + s.len) < MERGE_GAP => {
+            s.len = start + len - s.start;
+            s.runs += runs;
+            s.changed += changed;
+        }
+        _ => spans.push(Span { start, len, runs: runs.max(1), changed }),
+    }
 }
 
 /// Eight bytes at `at` as one word (little-endian: byte `k` is bits `8k..8k + 8`).
@@ -247,12 +260,22 @@ fn word(bytes: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(w)
 }
 
+const LOW: u64 = 0x7f7f_7f7f_7f7f_7f7f;
+
+/// The top bit of each byte of `x`: set where the byte is not zero (its low seven bits
+/// carry into it, or it was set).
+fn top_bits(x: u64) -> u64 {
+    (((x & LOW) + LOW) | x) & !LOW
+}
+
+/// Whether no byte of `x` is zero.
+fn all_nonzero(x: u64) -> bool {
+    top_bits(x) == !LOW
+}
+
 /// Bit `k` set where byte `k` of `x` is not zero.
 fn nonzero_bytes(x: u64) -> u8 {
-    const LOW: u64 = 0x7f7f_7f7f_7f7f_7f7f;
-    // The top bit of each byte: set where the byte is not zero (its low seven bits carry
-    // into it, or it was set).
-    let top = (((x & LOW) + LOW) | x) & !LOW;
+    let top = top_bits(x);
     (0..8).fold(0u8, |bits, k| bits | ((top >> (8 * k + 7)) as u8 & 1) << k)
 }
 
@@ -644,7 +667,9 @@ mod tests {
         for k in 0..8 {
             assert_eq!(nonzero_bytes(1 << (8 * k)), 1 << k);
             assert_eq!(nonzero_bytes(0x80 << (8 * k)), 1 << k);
+            assert!(!all_nonzero(!(0xff << (8 * k))));
         }
+        assert!(all_nonzero(0x0101_0101_0101_0101) && all_nonzero(u64::MAX) && !all_nonzero(0));
     }
 
     /// A change larger than a frame: the encoded size is what the fields hold, and one
@@ -685,7 +710,7 @@ mod tests {
     proptest! {
         #[test]
         fn applying_the_runs_reproduces_the_new_bytes(before in proptest::collection::vec(any::<u8>(), 0..600),
-                                                      edits in proptest::collection::vec((any::<usize>(), any::<u8>()), 0..40)) {
+                                                      edits in proptest::collection::vec((any::<usize>(), any::<u8>()), 0..300)) {
             let mut now = before.clone();
             for (at, v) in edits {
                 if !now.is_empty() {
@@ -699,6 +724,13 @@ mod tests {
             let mut rebuilt = before.clone();
             apply_runs(&runs, &bytes, &mut rebuilt);
             prop_assert_eq!(&rebuilt, &now);
+            // Spans hold the exact runs: as many, as many bytes, each inside one span.
+            let spans = changed_spans(&before, &now);
+            prop_assert_eq!(spans.iter().map(|s| s.runs).sum::<usize>(), runs.len());
+            prop_assert_eq!(spans.iter().map(|s| s.changed as u64).sum::<u64>(), runs.iter().map(|r| r.1).sum::<u64>());
+            for &(o, n) in &runs {
+                prop_assert!(spans.iter().any(|s| s.start as u64 <= o && o + n <= (s.start + s.len) as u64));
+            }
             // Encoded for a pull, in two parts: the same bytes, and only the changed ones are
             // written (a byte the program wrote meanwhile, where nothing changed, stays).
             let cut = before.len() / 3;
