@@ -532,6 +532,42 @@ fn a_flag_written_before_a_wait_reaches_the_gpu_first() {
     assert!(!stderr.contains("WARN") && !stderr.contains("ERROR"), "{stderr}");
 }
 
+/// The GPU writes mirrored memory, and before that comes back the program writes another
+/// byte of the same 256-byte chunk and hands the GPU the memory again: the update carries
+/// the whole chunk, with the program's stale copy of the GPU's bytes, and the server writes
+/// only the byte the program changed (writing the chunk lost the GPU's bytes).
+const UPDATE_BESIDE_THE_GPU: &str = r#"
+#include <stdio.h>
+#include <string.h>
+#include <cuda_runtime_api.h>
+int main(void) {
+  unsigned char *p, src[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  void *d;
+  if (cudaHostAlloc((void **)&p, 4096, cudaHostAllocMapped) != cudaSuccess) return 2;
+  if (cudaMalloc(&d, 4096) != cudaSuccess) return 2;
+  memset(p, 0, 4096);
+  if (cudaMemcpy(d, src, 8, cudaMemcpyHostToDevice) != cudaSuccess) return 3;
+  if (cudaMemsetAsync(p + 2048, 0, 1, 0) != cudaSuccess) return 4;
+  if (cudaMemcpyAsync(p, d, 8, cudaMemcpyDeviceToDevice, 0) != cudaSuccess) return 5;
+  p[100] = 0x77;
+  if (cudaMemsetAsync(p + 2048, 0, 1, 0) != cudaSuccess) return 6;
+  if (cudaStreamSynchronize(0) != cudaSuccess) return 7;
+  if (memcmp(p, src, 8) != 0) { printf("the GPU's bytes: %d %d\n", p[0], p[7]); return 8; }
+  if (p[100] != 0x77) return 9;
+  printf("OK\n");
+  return 0;
+}
+"#;
+
+#[test]
+fn an_update_keeps_what_the_gpu_wrote_beside_it() {
+    let server = server();
+    let exe = program("update-beside-the-gpu", UPDATE_BESIDE_THE_GPU);
+    let (stdout, stderr) = run_traced(&server, &exe);
+    assert!(stdout.contains("OK"), "{stdout}\n{stderr}");
+    assert!(!stderr.contains("WARN") && !stderr.contains("ERROR"), "{stderr}");
+}
+
 /// The GPU changes one byte in every four of mirrored memory (as a kernel adding to small
 /// integers does): the pull sends a bitmap and the changed bytes, and the program finds
 /// exactly the GPU's bytes and its own.

@@ -542,6 +542,24 @@ pub fn batches(runs: &[(u64, u64)], budget: u64, max_runs: usize) -> Vec<Vec<(u6
     out
 }
 
+/// The bytes of a client's update (`runs`, consecutive in `bytes`, as [`check_runs`]
+/// checked them for `shadow.len()`) that the client changed since it last saw the mirror
+/// (`shadow`), as (offset, length, where in `bytes`). An update carries whole chunks; its
+/// other bytes are what the client had, while the mirror may hold newer bytes the GPU wrote
+/// there since, which the next pull brings back: only these are written.
+pub fn client_changes(runs: &[(u64, u64)], bytes: &[u8], shadow: &[u8]) -> Vec<(u64, u64, usize)> {
+    let mut out = Vec::new();
+    let mut at = 0usize;
+    for &(offset, n) in runs {
+        let (o, n) = (offset as usize, n as usize);
+        for (sub, len) in changed_runs(&shadow[o..o + n], &bytes[at..at + n]) {
+            out.push((offset + sub, len, at + sub as usize));
+        }
+        at += n;
+    }
+    out
+}
+
 /// Copy the bytes of `runs` (consecutive in `bytes`) into `dst` at their offsets. The runs
 /// must have passed [`check_runs`] for `dst.len()` and `bytes.len()`.
 pub fn apply_runs(runs: &[(u64, u64)], bytes: &[u8], dst: &mut [u8]) {
@@ -580,6 +598,20 @@ mod tests {
         assert!(check_runs(&[(12, 8)], 16, 8).is_err(), "past the end");
         assert!(check_runs(&[(0, 4)], 16, 5).is_err(), "bulk of another size");
         assert!(check_runs(&[(u64::MAX, 2)], 16, 2).is_err(), "overflow");
+    }
+
+    /// An update's chunk holds the client's stale copy of a byte the GPU wrote since: only
+    /// the bytes the client changed are written.
+    #[test]
+    fn an_update_writes_only_what_the_client_changed() {
+        let shadow = vec![1u8; 32];
+        let mut update = shadow.clone();
+        update[3] = 9;
+        update[20..23].fill(8);
+        let runs = [(0u64, 16u64), (16, 16)];
+        assert_eq!(client_changes(&runs, &update, &shadow), vec![(3, 1, 3), (20, 3, 20)]);
+        assert_eq!(client_changes(&[(16, 16)], &update[16..], &shadow), vec![(20, 3, 4)]);
+        assert_eq!(client_changes(&runs, &shadow, &shadow), vec![]);
     }
 
     #[test]

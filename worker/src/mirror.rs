@@ -75,19 +75,22 @@ impl Mirror {
         Ok(unsafe { std::slice::from_raw_parts((self.at + offset) as *const u8, len as usize) }.to_vec())
     }
 
-    /// Write runs of the client's bytes (checked against the mirror's length).
+    /// Write runs of the client's bytes (checked against the mirror's length): those the
+    /// client changed since it last saw the mirror ([`mirror::client_changes`]; a byte of
+    /// the same chunk the GPU wrote since stays, and goes back at the next pull).
     fn write(&mut self, backend: &dyn Backend, runs: &[(u64, u64)], bytes: &[u8]) -> Result<(), String> {
+        let writes = mirror::client_changes(runs, bytes, &self.shadow);
         if self.direct {
-            let mut at = 0usize;
-            for &(offset, n) in runs {
-                let n = n as usize;
-                backend.write_host_accessible(self.base + offset, &bytes[at..at + n])?;
-                at += n;
+            for &(offset, n, at) in &writes {
+                backend.write_host_accessible(self.base + offset, &bytes[at..at + n as usize])?;
             }
         } else {
             // SAFETY: as in `read`; the session's mirror table is behind one lock.
             let target = unsafe { std::slice::from_raw_parts_mut(self.at as *mut u8, self.len as usize) };
-            mirror::apply_runs(runs, bytes, target);
+            for &(offset, n, at) in &writes {
+                let (o, n) = (offset as usize, n as usize);
+                target[o..o + n].copy_from_slice(&bytes[at..at + n]);
+            }
         }
         mirror::apply_runs(runs, bytes, &mut self.shadow);
         Ok(())
