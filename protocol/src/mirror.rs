@@ -365,19 +365,6 @@ impl Changes {
         }
         self.end = offset + len;
     }
-
-    /// Drop what was added after the encoded size was `size` (an [`Changes::mark`]).
-    pub fn truncate(&mut self, mark: (usize, usize, usize, u64)) {
-        self.runs.truncate(mark.0);
-        self.mask.truncate(mark.1);
-        self.bytes.truncate(mark.2);
-        self.end = mark.3;
-    }
-
-    /// Where the encoding stands, for [`Changes::truncate`].
-    pub fn mark(&self) -> (usize, usize, usize, u64) {
-        (self.runs.len(), self.mask.len(), self.bytes.len(), self.end)
-    }
 }
 
 /// The spans of changes received for a mirror of `len` bytes, checked: in order, not
@@ -723,10 +710,6 @@ mod tests {
         let mut rebuilt = before.clone();
         apply_changes(&spans, &c.mask, &c.bytes, &mut rebuilt);
         assert!(rebuilt == now);
-        let mark = c.mark();
-        c.add(1 << 20, &[0u8; 4], &[1u8; 4]);
-        c.truncate(mark);
-        assert_eq!(unpack_changes(&c.runs, &c.mask, c.bytes.len(), 1 << 20), Ok(spans), "truncated back");
     }
 
     #[test]

@@ -239,10 +239,10 @@ impl Mirrors {
     }
 
     /// The bytes of these mirrors that changed since the client last saw them, from offset
-    /// `from` of the first, a window ([`WINDOW`]) at a time until the next would take the
-    /// encoded changes past `budget` bytes (the first window always goes); the shadows take
-    /// the bytes sent. Also where the next pull starts, as (mirror base, offset), when more
-    /// changed than the budget holds.
+    /// `from` of the first, a window ([`WINDOW`]) at a time until the encoded changes reach
+    /// `budget` bytes (the window that reaches it goes whole: an answer holds at most one
+    /// window's changes more); the shadows take the bytes sent. Also where the next pull
+    /// starts, as (mirror base, offset), when more changed than the budget holds.
     pub fn pull(
         &mut self,
         backend: &dyn Backend,
@@ -270,21 +270,17 @@ impl Mirrors {
                         break;
                     }
                 };
-                let shadow = &mut m.shadow[at as usize..(at + window) as usize];
-                let (mark, size) = (changes.mark(), changes.size());
-                changes.add(at, shadow, &now);
-                let cost = changes.size() - size;
-                // Every pull moves on, however small the budget.
-                let gathered = !out.is_empty() || size > 0;
-                if gathered && used + cost > budget {
-                    changes.truncate(mark);
+                if used >= budget {
                     if !changes.is_empty() {
                         out.push(message(base, changes));
                     }
                     return (out, Some((base, at)));
                 }
+                let shadow = &mut m.shadow[at as usize..(at + window) as usize];
+                let size = changes.size();
+                changes.add(at, shadow, &now);
                 shadow.copy_from_slice(&now);
-                used += cost;
+                used += changes.size() - size;
                 at += window;
             }
             if !changes.is_empty() {
@@ -391,14 +387,13 @@ mod tests {
             *x = i as f32 * 2.0 + 1.0;
         }
         let mut client = vec![0u8; len as usize];
-        // Two windows' changes do not fit: a page each.
         let budget = 2 << 20;
         let (mut from, mut pages) = (0, 0);
         loop {
             let (changes, next) = mirrors.pull(&*backend, &[base], from, budget);
             pages += 1;
             let size: usize = changes.iter().map(|c| c.runs.len() + c.mask.len() + c.bytes.len()).sum();
-            assert!(size <= budget, "{size} bytes in a page");
+            assert!(size <= budget + WINDOW as usize * 5 / 4, "{size} bytes in a page");
             for c in &changes {
                 let spans = mirror::unpack_changes(&c.runs, &c.mask, c.bytes.len(), len).expect("well-formed changes");
                 mirror::apply_changes(&spans, &c.mask, &c.bytes, &mut client);
