@@ -442,7 +442,8 @@ pub fn span_parts<'a>(
 }
 
 /// Write one span's changed bytes (one of [`span_parts`]) at `dst`, where the span's
-/// first byte lies; the bytes a bitmap does not name are left as they are.
+/// first byte lies; the bytes a bitmap does not name are left as they are. Never more
+/// than `span.len` bytes, nor more than `data` holds.
 ///
 /// # Safety
 /// `dst` must be valid for writes of `span.len` bytes.
@@ -456,8 +457,8 @@ pub unsafe fn write_span(span: ChangedSpan, bits: &[u8], data: &[u8], dst: *mut 
     let mut at = 0usize;
     for (g, &b) in bits.iter().enumerate() {
         let group = g * 8;
-        if b == 0xff && group + 8 <= n {
-            // SAFETY: 8 bytes inside the span; 8 of data (span_parts counted the bits).
+        if b == 0xff && group + 8 <= n && at + 8 <= data.len() {
+            // SAFETY: 8 bytes inside the span, and 8 of data (both checked).
             unsafe { std::ptr::copy_nonoverlapping(data.as_ptr().add(at), dst.add(group), 8) };
             at += 8;
             continue;
