@@ -4928,7 +4928,11 @@ fn modules_the_last_run_loaded_go_with_the_first_load() {
     let client_cache = dir.join("client-cache");
     let _ = std::fs::remove_dir_all(&client_cache);
     let run = |ahead: bool| {
-        let envs = [("CHIDORI_MODULES_AHEAD", if ahead { "1" } else { "0" }), ("CHIDORI_MODULES_NAMED", "0")];
+        let envs = [
+            ("CHIDORI_MODULES_AHEAD", if ahead { "1" } else { "0" }),
+            ("CHIDORI_MODULES_NAMED", "0"),
+            ("CHIDORI_LOG", "warn,chidori::modules=debug"),
+        ];
         let (stdout, stderr) = run_learning(&server, &exe, &client_cache, &envs);
         (stdout, module_load_row(&stderr), stderr)
     };
@@ -4936,7 +4940,10 @@ fn modules_the_last_run_loaded_go_with_the_first_load() {
     assert_eq!(first_trips, 4, "one load per module on a first run: {stderr}");
     assert!(first_bytes > 0, "a fresh server is sent the image: {stderr}");
     let (second, (second_trips, second_bytes), stderr) = run(true);
-    assert_eq!(second_trips, 1, "the last run's modules go with the first load: {stderr}");
+    // The other three are asked with the first load; the worker loads them behind it, and a
+    // later load waits only where its answer has not come yet (on a busy machine, some do).
+    assert!(stderr.contains("0 named, 0 with the first load, 3 behind it"), "{stderr}");
+    assert!((1..=4).contains(&second_trips), "{stderr}");
     assert_eq!(second_bytes, 0, "the server holds the image: {stderr}");
     assert_eq!(second, first, "the program sees the same answers");
     assert!(
