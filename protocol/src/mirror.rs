@@ -40,8 +40,6 @@ pub const PULL_BUDGET: usize = (crate::frame::MAX_ARCHIVE / 2) as usize;
 /// runs; a larger update is sent as several.
 pub const PUSH_BUDGET: u64 = 64 << 20;
 pub const PUSH_MAX_RUNS: usize = 1 << 18;
-/// The longest a packed run can be: two 10-byte varints.
-pub const MAX_PACKED_RUN: usize = 20;
 /// Changed bytes fewer than this apart belong to one span of a pull ([`changed_spans`]).
 pub const MERGE_GAP: usize = 16;
 

@@ -1564,7 +1564,8 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
     // A copy with a side in the worker's own buffer (the program's bytes as they came, or a
     // buffer for the reply) cannot be captured: the graph would keep the buffer's address
     // past this call. The client sends such copies as copies of its memory's mirror.
-    if desc.host_copy() && capturing(session, desc, &raw) {
+    // (The flag first: most sessions never capture, and `host_copy` reads the name.)
+    if session.captures.load(Ordering::Relaxed) && desc.host_copy() && capturing(session, desc, &raw) {
         let status =
             status_named(desc, &["cudaErrorStreamCaptureUnsupported", "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"])
                 .unwrap_or(desc.codes.invalid_value);

@@ -249,7 +249,7 @@ pub unsafe fn call(desc: &'static CallDesc, args: &[u64]) -> u64 {
 fn mirror_devices(conn: &Conn, desc: &CallDesc, args: &[u64]) {
     // A kernel may be waiting for the program to write mirrored memory (a flag it sets
     // before it synchronizes, as NVIDIA's UnifiedMemoryPerf does): the write goes first.
-    if crate::mirror::pending() && waits_for_gpu(desc) {
+    if crate::mirror::pending() && facts(desc).waits_for_gpu {
         crate::mirror::before_wait(conn);
     }
     let devices = desc.params.iter().zip(args).filter(|(w, _)| matches!(w, Wire::Device)).map(|(_, a)| *a);
@@ -285,18 +285,8 @@ fn managed_hint(desc: &CallDesc, args: &[u64]) -> Option<u64> {
 /// (which return once earlier work of their stream is done), and a stream or event found
 /// complete.
 fn settles(desc: &CallDesc, ret: u64) -> bool {
-    desc.only_waits || desc.host_copy() || (is_query(desc) && ret == success(desc))
-}
-
-/// Whether `desc` waits for earlier GPU work, or asks whether it is done: a synchronization,
-/// a host copy the program waits for, a stream or event query.
-fn waits_for_gpu(desc: &CallDesc) -> bool {
-    desc.only_waits || desc.host_copy() || is_query(desc)
-}
-
-fn is_query(desc: &CallDesc) -> bool {
-    let name = chidori_protocol::desc::strip_suffixes(desc.name, &["_ptsz"]);
-    matches!(name, "cudaStreamQuery" | "cudaEventQuery" | "cuStreamQuery" | "cuEventQuery")
+    let f = facts(desc);
+    f.waits_for_gpu && (!f.query || ret == success(desc))
 }
 
 /// What the sending path does differently for a descriptor, found once per descriptor (by
@@ -318,6 +308,10 @@ struct Facts {
     /// It hands out new graphs or instances (a create, an end of capture, a clone, an
     /// instantiate; not a getter's graph, which the program does not own).
     hands_out_graphs: bool,
+    /// It waits for earlier GPU work or asks whether it is done: a synchronization, a host
+    /// copy, a stream or event query ([`Facts::query`]).
+    waits_for_gpu: bool,
+    query: bool,
 }
 
 impl Facts {
@@ -333,6 +327,10 @@ impl Facts {
             )
         });
         let name = chidori_protocol::desc::strip_suffixes(d.name, &["_v2"]);
+        let query = matches!(
+            chidori_protocol::desc::strip_suffixes(d.name, &["_ptsz"]),
+            "cudaStreamQuery" | "cudaEventQuery" | "cuStreamQuery" | "cuEventQuery"
+        );
         Facts {
             graph_launch: d.name.starts_with("cudaGraphLaunch") || d.name.starts_with("cuGraphLaunch"),
             constant: d.waits() && by_value && chidori_cuda::checks::constant(name),
@@ -344,6 +342,8 @@ impl Facts {
                 && d.params
                     .iter()
                     .any(|w| matches!(w, Wire::OutHandle { kind, .. } if crate::ahead::graphs::is_graph_kind(*kind))),
+            waits_for_gpu: d.only_waits || d.host_copy() || query,
+            query,
         }
     }
 }
