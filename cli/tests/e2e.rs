@@ -568,6 +568,49 @@ fn an_update_keeps_what_the_gpu_wrote_beside_it() {
     assert!(!stderr.contains("WARN") && !stderr.contains("ERROR"), "{stderr}");
 }
 
+/// Copies between device memory and pieces of a large mapped buffer: only the copied bytes
+/// are brought up to date first, and the result is native's: a byte the program wrote where
+/// the copy lands takes the copy's value (even one equal to what the server had before),
+/// a byte it wrote elsewhere stays, and a copy from the buffer reads the program's bytes.
+const PIECES_OF_MAPPED_MEMORY: &str = r#"
+#include <stdio.h>
+#include <string.h>
+#include <cuda_runtime_api.h>
+int main(void) {
+  const size_t n = (size_t)4 << 20, mib = (size_t)1 << 20;
+  unsigned char *p, back[4096];
+  unsigned char *d;
+  if (cudaHostAlloc((void **)&p, n, cudaHostAllocMapped) != cudaSuccess) return 2;
+  if (cudaMalloc((void **)&d, n) != cudaSuccess || cudaMemset(d, 0, n) != cudaSuccess) return 2;
+  memset(p, 0, n);
+  /* Handed to the GPU: mirrored from here on. */
+  if (cudaMemsetAsync(p + n - 1, 0, 1, 0) != cudaSuccess || cudaStreamSynchronize(0) != cudaSuccess) return 3;
+  p[0] = 0xAA;
+  if (cudaMemsetAsync(d, 1, 16, 0) != cudaSuccess) return 4;
+  p[mib + 3] = 0x55;
+  if (cudaMemcpyAsync(p + mib, d + 4096, mib, cudaMemcpyDeviceToDevice, 0) != cudaSuccess) return 5;
+  if (cudaStreamSynchronize(0) != cudaSuccess) return 6;
+  if (p[0] != 0xAA) { printf("the program's byte: %d\n", p[0]); return 7; }
+  if (p[mib + 3] != 0) { printf("the copy's byte: %d\n", p[mib + 3]); return 8; }
+  memset(p + 2 * mib, 7, sizeof back);
+  if (cudaMemcpy(d, p + 2 * mib, sizeof back, cudaMemcpyHostToDevice) != cudaSuccess) return 9;
+  if (cudaMemcpy(back, d, sizeof back, cudaMemcpyDeviceToHost) != cudaSuccess) return 10;
+  for (size_t i = 0; i < sizeof back; ++i)
+    if (back[i] != 7) { printf("byte %zu: %d\n", i, back[i]); return 11; }
+  printf("OK\n");
+  return 0;
+}
+"#;
+
+#[test]
+fn copies_of_pieces_of_mapped_memory_move_their_bytes_exactly() {
+    let server = server();
+    let exe = program("pieces-of-mapped-memory", PIECES_OF_MAPPED_MEMORY);
+    let (stdout, stderr) = run_traced(&server, &exe);
+    assert!(stdout.contains("OK"), "{stdout}\n{stderr}");
+    assert!(!stderr.contains("WARN") && !stderr.contains("ERROR"), "{stderr}");
+}
+
 /// The GPU changes one byte in every four of mirrored memory (as a kernel adding to small
 /// integers does): the pull sends a bitmap and the changed bytes, and the program finds
 /// exactly the GPU's bytes and its own.

@@ -81,6 +81,13 @@ impl Tracker {
     /// Compare `bytes` (the range at `base`, as the program has it now) with what the
     /// server has, and record that the server will have them.
     pub fn update(&mut self, base: u64, bytes: &[u8]) -> Update {
+        self.update_window(base, bytes, 0..bytes.len())
+    }
+
+    /// [`Tracker::update`] for the chunks that overlap `window` (offsets into the range)
+    /// only: a copy reads or writes its own bytes, and the rest of a large range is not
+    /// read. The other chunks keep what the server last had.
+    pub fn update_window(&mut self, base: u64, bytes: &[u8], window: std::ops::Range<usize>) -> Update {
         let chunks = bytes.len().div_ceil(CHUNK);
         let mut new = false;
         let hashes = self.ranges.entry(base).or_insert_with(|| {
@@ -94,7 +101,10 @@ impl Tracker {
             new = true;
         }
         let mut runs: Vec<(u64, u64)> = Vec::new();
-        for (i, (chunk, known)) in bytes.chunks(CHUNK).zip(hashes.iter_mut()).enumerate() {
+        let first = window.start.min(bytes.len()) / CHUNK;
+        let last = window.end.min(bytes.len()).div_ceil(CHUNK);
+        let all = bytes.chunks(CHUNK).zip(hashes.iter_mut()).enumerate();
+        for (i, (chunk, known)) in all.take(last).skip(first) {
             let h = hash(chunk);
             if h == *known {
                 continue;
@@ -251,39 +261,57 @@ pub fn is_mirrored(addr: u64) -> bool {
     tracker().as_ref().is_some_and(|t| t.ranges.contains_key(&r.base))
 }
 
-/// Before the GPU is handed `addrs` (kernel parameters, a library's device pointers):
-/// bring the mirror of every pinned range among them up to date, and, where the program
-/// has managed or mapped host memory, every such range (the GPU may reach one through a
-/// pointer stored in memory: [`Memory::reachable`]). Returns whether any was.
-pub fn prepare(conn: &Conn, addrs: impl IntoIterator<Item = u64>) -> bool {
-    prepare_with(conn, addrs, false)
+/// What the GPU may reach from a call's pointers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Reach {
+    /// The bytes the call names and nothing else (a copy, a memset: the runtime's and the
+    /// driver's own calls).
+    Named,
+    /// Also memory a pointer stored in memory leads to (a library's kernels, given an array
+    /// of pointers): every managed or mapped range ([`Memory::reachable`]), where the call
+    /// hands the GPU any pointer.
+    #[default]
+    Stored,
+    /// As `Stored`, even with no pointer handed (a kernel may read one from device memory).
+    Launch,
 }
 
-/// [`prepare`] for a kernel launch: every reachable range is brought up to date even when
-/// the kernel takes no pointer (it may read one from device memory).
-pub fn prepare_launch(conn: &Conn, addrs: impl IntoIterator<Item = u64>) -> bool {
-    prepare_with(conn, addrs, true)
-}
-
-fn prepare_with(conn: &Conn, addrs: impl IntoIterator<Item = u64>, launch: bool) -> bool {
+/// Before the GPU is handed `addrs` (kernel parameters, a library's or the runtime's device
+/// pointers, each with the length the call reads or writes where known): bring the mirror
+/// of every pinned range among them up to date (only the window, where a length is given),
+/// and the reachable ranges as `reach` says. Returns whether any was.
+pub fn prepare(conn: &Conn, addrs: impl IntoIterator<Item = (u64, Option<u64>)>, reach: Reach) -> bool {
     let mut any = false;
-    let mut handed = launch;
-    for addr in addrs {
+    let mut handed = reach == Reach::Launch;
+    for (addr, len) in addrs {
         handed = true;
         let Some(range) = pinned(addr) else { continue };
         any = true;
-        // Reachable ranges are all brought up to date below.
-        if !range.memory.reachable() {
-            push(conn, range.base, range.len);
+        if reach != Reach::Named && range.memory.reachable() {
+            // Brought up to date whole below.
+            continue;
         }
+        match len {
+            Some(n) => {
+                let from = (addr - range.base) as usize;
+                let to = from.saturating_add(usize::try_from(n).unwrap_or(usize::MAX));
+                push_window(conn, range.base, range.len, from..to)
+            }
+            None => push(conn, range.base, range.len),
+        };
     }
-    if handed {
+    if handed && reach != Reach::Named {
         any |= prepare_reachable(conn);
     }
     if any {
         PULL.store(true, Ordering::Release);
     }
     any
+}
+
+/// [`prepare`] for a kernel launch with pointer parameters `addrs`.
+pub fn prepare_launch(conn: &Conn, addrs: impl IntoIterator<Item = u64>) -> bool {
+    prepare(conn, addrs.into_iter().map(|a| (a, None)), Reach::Launch)
 }
 
 /// Before a call that waits for the GPU (or asks whether it is done) while the GPU may use
@@ -424,6 +452,11 @@ pub fn release(owner: u64) {
 /// address, or a stand-in's key); false when a stand-in's pages are gone (the stand-in is
 /// dropped).
 fn push(conn: &Conn, base: u64, len: u64) -> bool {
+    push_window(conn, base, len, 0..len as usize)
+}
+
+/// [`push`] for the chunks of the range that overlap `window` (offsets into it).
+fn push_window(conn: &Conn, base: u64, len: u64, window: std::ops::Range<usize>) -> bool {
     let mut client = 0;
     let copy;
     let bytes: &[u8] = if is_stand_in(base) {
@@ -444,7 +477,7 @@ fn push(conn: &Conn, base: u64, len: u64) -> bool {
         unsafe { std::slice::from_raw_parts(base as *const u8, len as usize) }
     };
     let mut tracker = tracker();
-    let update = tracker.get_or_insert_with(Tracker::default).update(base, bytes);
+    let update = tracker.get_or_insert_with(Tracker::default).update_window(base, bytes, window);
     if !update.new && update.runs.is_empty() {
         return true;
     }
@@ -627,6 +660,31 @@ mod tests {
         // The same base with another size is another range.
         let other = vec![5u8; 100];
         assert_eq!(t.update(0x1000, &other), Update { new: true, runs: vec![(0, 100)] });
+    }
+
+    #[test]
+    fn a_window_sends_its_own_chunks_and_leaves_the_rest_for_later() {
+        let mut t = Tracker::default();
+        let mut bytes = vec![0u8; 4 * CHUNK];
+        bytes[10] = 1;
+        bytes[CHUNK + 5] = 2;
+        bytes[3 * CHUNK] = 3;
+        // A copy of the second chunk's bytes, ending inside the third: chunks 1 and 2 are
+        // looked at, and only the changed one travels.
+        let window = CHUNK + 1..2 * CHUNK + 7;
+        assert_eq!(
+            t.update_window(0x1000, &bytes, window.clone()),
+            Update { new: true, runs: vec![(CHUNK as u64, CHUNK as u64)] }
+        );
+        assert_eq!(t.update_window(0x1000, &bytes, window), Update { new: false, runs: vec![] });
+        // The chunks outside it still count as the server's zeros: the next whole update
+        // sends them.
+        let whole = t.update(0x1000, &bytes);
+        assert_eq!(whole.runs, vec![(0, CHUNK as u64), (3 * CHUNK as u64, CHUNK as u64)]);
+        // A window past the end is cut to the range.
+        bytes[4 * CHUNK - 1] = 9;
+        let past = t.update_window(0x1000, &bytes, 3 * CHUNK..usize::MAX);
+        assert_eq!(past.runs, vec![(3 * CHUNK as u64, CHUNK as u64)]);
     }
 
     #[test]

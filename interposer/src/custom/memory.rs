@@ -370,8 +370,10 @@ pub unsafe fn copy(
             }
         }
         (true, true) => {
-            // SAFETY: both sides are device addresses, passed through.
-            let status = unsafe { runtime::call_on(conn, forms.d2d, &args(dst, src, count, 3)) };
+            // SAFETY: both sides are device addresses, passed through; the copy reads and
+            // writes `count` bytes at each.
+            let named = [(dst, count), (src, count)];
+            let status = unsafe { runtime::call_on_named(conn, forms.d2d, &args(dst, src, count, 3), &named) };
             if asynchronous || status != runtime::success(forms.d2d) || !crate::mirror::is_mirrored(dst) {
                 return status;
             }

@@ -245,15 +245,23 @@ pub unsafe fn call(desc: &'static CallDesc, args: &[u64]) -> u64 {
 }
 
 /// A library is handed device pointers: those into the program's pinned memory (valid on a
-/// GPU, which maps pinned memory at its host address) need the server's mirror.
-fn mirror_devices(conn: &Conn, desc: &CallDesc, args: &[u64]) {
+/// GPU, which maps pinned memory at its host address) need the server's mirror. `named`:
+/// the bytes the call reads and writes, where its caller knows them (a copy's two sides),
+/// in place of its device pointers' whole ranges.
+fn mirror_devices(conn: &Conn, desc: &CallDesc, args: &[u64], named: Option<&[(u64, u64)]>) {
     // A kernel may be waiting for the program to write mirrored memory (a flag it sets
     // before it synchronizes, as NVIDIA's UnifiedMemoryPerf does): the write goes first.
     if crate::mirror::pending() && facts(desc).waits_for_gpu {
         crate::mirror::before_wait(conn);
     }
-    let devices = desc.params.iter().zip(args).filter(|(w, _)| matches!(w, Wire::Device)).map(|(_, a)| *a);
-    crate::mirror::prepare(conn, devices);
+    let reach = facts(desc).reach;
+    match named {
+        Some(windows) => crate::mirror::prepare(conn, windows.iter().map(|&(a, n)| (a, Some(n))), reach),
+        None => {
+            let devices = desc.params.iter().zip(args).filter(|(w, _)| matches!(w, Wire::Device));
+            crate::mirror::prepare(conn, devices.map(|(_, &a)| (a, None)), reach)
+        }
+    };
     if facts(desc).graph_launch {
         if crate::mirror::active() {
             crate::mirror::prepare_graph(conn);
@@ -312,6 +320,10 @@ struct Facts {
     /// copy, a stream or event query ([`Facts::query`]).
     waits_for_gpu: bool,
     query: bool,
+    /// What the GPU may reach from its pointers: a library's kernels may follow pointers
+    /// stored in memory; the runtime's and the driver's own calls (copies, memsets) touch
+    /// the bytes they name (their kernel launches prepare on their own).
+    reach: crate::mirror::Reach,
 }
 
 impl Facts {
@@ -344,6 +356,11 @@ impl Facts {
                     .any(|w| matches!(w, Wire::OutHandle { kind, .. } if crate::ahead::graphs::is_graph_kind(*kind))),
             waits_for_gpu: d.only_waits || d.host_copy() || query,
             query,
+            reach: if matches!(d.library, "cudart" | "driver") {
+                crate::mirror::Reach::Named
+            } else {
+                crate::mirror::Reach::Stored
+            },
         }
     }
 }
@@ -481,6 +498,17 @@ pub unsafe fn call_on(conn: &Conn, desc: &'static CallDesc, args: &[u64]) -> u64
     unsafe { call_asking(conn, desc, args, None) }.0
 }
 
+/// [`call_on`] for a call that reads and writes only the bytes `named` (address, length)
+/// of the memory its pointers lead into: where that is the program's mirrored memory, only
+/// those bytes are brought up to date first (a copy of a piece of a large mapped buffer).
+///
+/// # Safety
+/// As [`prepare`].
+pub unsafe fn call_on_named(conn: &Conn, desc: &'static CallDesc, args: &[u64], named: &[(u64, u64)]) -> u64 {
+    // SAFETY: forwarded contract.
+    unsafe { call_full(conn, desc, args, None, Some(named)) }.0
+}
+
 /// [`call_on`], with `question` sent right behind the call where the call goes to the
 /// server: the server answers it after running the call, in the call's round trip (a
 /// capture's begin and its status, its end and the graph's nodes). The question's answer
@@ -494,13 +522,28 @@ pub unsafe fn call_asking(
     args: &[u64],
     question: Option<&messages::Service>,
 ) -> (u64, Option<Asked>) {
+    // SAFETY: forwarded contract.
+    unsafe { call_full(conn, desc, args, question, None) }
+}
+
+/// [`call_asking`], with the bytes the call names where known ([`call_on_named`]).
+///
+/// # Safety
+/// As [`prepare`].
+unsafe fn call_full(
+    conn: &Conn,
+    desc: &'static CallDesc,
+    args: &[u64],
+    question: Option<&messages::Service>,
+    named: Option<&[(u64, u64)]>,
+) -> (u64, Option<Asked>) {
     if crate::state::managed_live()
         && let Some(ret) = managed_hint(desc, args)
     {
         crate::trace::local(desc.name);
         return (ret, None);
     }
-    mirror_devices(conn, desc, args);
+    mirror_devices(conn, desc, args, named);
     // SAFETY: forwarded contract.
     let prepared = unsafe { prepare(conn, desc, args) };
     // A version or property asked before in this process, or by an earlier one on this
@@ -621,7 +664,7 @@ pub unsafe fn call_asking(
 /// # Safety
 /// As [`prepare`]; output buffers must stay valid until the reply has landed.
 pub unsafe fn send_deferred(conn: &Conn, desc: &'static CallDesc, args: &[u64]) -> Option<()> {
-    mirror_devices(conn, desc, args);
+    mirror_devices(conn, desc, args, None);
     // SAFETY: forwarded contract.
     let slot = unsafe { send_checked(conn, desc, args) }?;
     crate::state::defer(desc, slot);
@@ -829,7 +872,7 @@ unsafe fn issue<'a>(
     args: &[u64],
     send: impl FnOnce(Header, &[u8], &[&[u8]]) -> Result<(), String>,
 ) -> Result<Issued<'a>, String> {
-    mirror_devices(conn, desc, args);
+    mirror_devices(conn, desc, args, None);
     if desc.library == "cudnn" {
         cudnn_sizes::forget_passed(desc, args);
     }
