@@ -37,6 +37,46 @@ fn hash(bytes: &[u8]) -> u64 {
     xxhash_rust::xxh3::xxh3_64(bytes)
 }
 
+/// Bytes from which hashing is shared among threads (a launch rehashes every mapped and
+/// managed range, tens of MiB: one core reads memory far slower than several).
+const SHARED_HASHING: usize = 8 << 20;
+
+/// The hash of each `CHUNK` of `bytes`, in order; a large span on several threads (one
+/// that cannot be started is hashed here).
+fn hash_chunks(bytes: &[u8]) -> Vec<u64> {
+    let serial = |b: &[u8]| b.chunks(CHUNK).map(hash).collect::<Vec<u64>>();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = cores.min(8).min(bytes.len() / (SHARED_HASHING / 2));
+    if bytes.len() < SHARED_HASHING || threads < 2 {
+        return serial(bytes);
+    }
+    let per = bytes.len().div_ceil(CHUNK).div_ceil(threads) * CHUNK;
+    std::thread::scope(|scope| {
+        let parts: Vec<_> = bytes
+            .chunks(per)
+            .map(|part| (part, std::thread::Builder::new().spawn_scoped(scope, move || serial(part)).ok()))
+            .collect();
+        let mut all = Vec::with_capacity(bytes.len().div_ceil(CHUNK));
+        for (part, thread) in parts {
+            match thread.map(|t| t.join()) {
+                Some(Ok(hashes)) => all.extend(hashes),
+                _ => all.extend(serial(part)),
+            }
+        }
+        all
+    })
+}
+
+/// The hashes of a fresh, zero-filled mirror of `len` bytes.
+fn zero_hashes(len: usize) -> Vec<u64> {
+    let whole = hash(&[0u8; CHUNK]);
+    let mut hashes = vec![whole; len / CHUNK];
+    if !len.is_multiple_of(CHUNK) {
+        hashes.push(hash(&vec![0u8; len % CHUNK]));
+    }
+    hashes
+}
+
 /// The chunk hashes of each mirrored range, as the server last had it.
 #[derive(Default)]
 pub struct Tracker {
@@ -93,27 +133,27 @@ impl Tracker {
         let hashes = self.ranges.entry(base).or_insert_with(|| {
             new = true;
             // A fresh mirror is zero-filled.
-            bytes.chunks(CHUNK).map(|c| hash(&vec![0u8; c.len()])).collect()
+            zero_hashes(bytes.len())
         });
         if hashes.len() != chunks {
             // The program freed the range and allocated another of another size here.
-            *hashes = bytes.chunks(CHUNK).map(|c| hash(&vec![0u8; c.len()])).collect();
+            *hashes = zero_hashes(bytes.len());
             new = true;
         }
         let mut runs: Vec<(u64, u64)> = Vec::new();
         let first = window.start.min(bytes.len()) / CHUNK;
         let last = window.end.min(bytes.len()).div_ceil(CHUNK);
-        let all = bytes.chunks(CHUNK).zip(hashes.iter_mut()).enumerate();
-        for (i, (chunk, known)) in all.take(last).skip(first) {
-            let h = hash(chunk);
+        let now = hash_chunks(&bytes[first * CHUNK..(last * CHUNK).min(bytes.len())]);
+        for ((i, known), h) in hashes.iter_mut().enumerate().take(last).skip(first).zip(now) {
             if h == *known {
                 continue;
             }
             *known = h;
             let offset = (i * CHUNK) as u64;
+            let len = CHUNK.min(bytes.len() - i * CHUNK) as u64;
             match runs.last_mut() {
-                Some((o, l)) if *o + *l == offset => *l += chunk.len() as u64,
-                _ => runs.push((offset, chunk.len() as u64)),
+                Some((o, l)) if *o + *l == offset => *l += len,
+                _ => runs.push((offset, len)),
             }
         }
         Update { new, runs }
@@ -660,6 +700,18 @@ mod tests {
         // The same base with another size is another range.
         let other = vec![5u8; 100];
         assert_eq!(t.update(0x1000, &other), Update { new: true, runs: vec![(0, 100)] });
+    }
+
+    #[test]
+    fn hashing_shared_among_threads_gives_the_serial_hashes() {
+        let bytes: Vec<u8> = (0..SHARED_HASHING * 2 + 1000).map(|i| (i * 31 + i / 7) as u8).collect();
+        let serial: Vec<u64> = bytes.chunks(CHUNK).map(hash).collect();
+        assert_eq!(hash_chunks(&bytes), serial);
+        assert_eq!(
+            hash_chunks(&bytes[..CHUNK + 3]),
+            serial[..1].iter().copied().chain([hash(&bytes[CHUNK..CHUNK + 3])]).collect::<Vec<_>>()
+        );
+        assert_eq!(zero_hashes(2 * CHUNK + 5), vec![hash(&[0; CHUNK]), hash(&[0; CHUNK]), hash(&[0; 5])]);
     }
 
     #[test]
