@@ -114,6 +114,12 @@ pub fn bytes(name: &'static str, round_trips: u64, sent: u64, received: u64, wai
     }
 }
 
+/// Seconds between the tables a file destination gets while the program runs.
+const INTERIM_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Held while a table is written; true once the exit's table has been.
+static WRITTEN_AT_EXIT: std::sync::Mutex<bool> = std::sync::Mutex::new(false);
+
 pub fn register_exit_report() {
     static ONCE: Once = Once::new();
     if destination().is_none() {
@@ -122,32 +128,61 @@ pub fn register_exit_report() {
     ONCE.call_once(|| {
         // SAFETY: registering a plain extern "C" function with no arguments.
         unsafe { libc::atexit(report) };
+        if destination() != Some("-") {
+            // A program killed before it exits (a timeout) leaves the last of these: the
+            // table of at most INTERIM_EVERY ago, marked as such.
+            let _ = std::thread::Builder::new().name("chidori-trace".into()).spawn(|| {
+                let started = Instant::now();
+                loop {
+                    std::thread::sleep(INTERIM_EVERY);
+                    let done = WRITTEN_AT_EXIT.lock().unwrap_or_else(|p| p.into_inner());
+                    if *done {
+                        return;
+                    }
+                    let secs = started.elapsed().as_secs();
+                    write(&format!(
+                        "chidori trace: so far ({secs} s after the first call; the program still ran)\n{}",
+                        table()
+                    ));
+                }
+            });
+        }
     });
 }
 
 extern "C" fn report() {
     let _ = std::panic::catch_unwind(|| {
-        let (rows, total) = snapshot();
-        let mut out =
-            String::from("chidori trace: function, calls, round trips, bytes sent, bytes received, ms waiting\n");
-        for (name, row) in rows.iter().map(|(name, row)| (*name, row)).chain([("TOTAL", &total)]) {
-            out.push_str(&format!(
-                "{name:<44} {:>9} {:>9} {:>13} {:>13} {:>10.1}\n",
-                row.calls,
-                row.round_trips,
-                row.sent,
-                row.received,
-                row.ms_waiting()
-            ));
-        }
-        out.push_str(&crate::origin::report(40));
-        match destination() {
-            Some("-") | None => eprint!("{out}"),
-            Some(path) => {
-                let _ = std::fs::write(path, out);
-            }
-        }
+        let mut done = WRITTEN_AT_EXIT.lock().unwrap_or_else(|p| p.into_inner());
+        *done = true;
+        write(&table());
     });
+}
+
+/// The table of every function's counts, then the waits by where the program made them.
+fn table() -> String {
+    let (rows, total) = snapshot();
+    let mut out = String::from("chidori trace: function, calls, round trips, bytes sent, bytes received, ms waiting\n");
+    for (name, row) in rows.iter().map(|(name, row)| (*name, row)).chain([("TOTAL", &total)]) {
+        out.push_str(&format!(
+            "{name:<44} {:>9} {:>9} {:>13} {:>13} {:>10.1}\n",
+            row.calls,
+            row.round_trips,
+            row.sent,
+            row.received,
+            row.ms_waiting()
+        ));
+    }
+    out.push_str(&crate::origin::report(40));
+    out
+}
+
+fn write(out: &str) {
+    match destination() {
+        Some("-") | None => eprint!("{out}"),
+        Some(path) => {
+            let _ = std::fs::write(path, out);
+        }
+    }
 }
 
 /// One row of the table: a function's counts, summed over its variants.
