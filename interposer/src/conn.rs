@@ -893,6 +893,12 @@ impl Conn {
         Ok(Asked { slot })
     }
 
+    /// A request sent now, whose answer is taken later ([`Asked::answer`]): the next page
+    /// of an answer asked for while the caller handles this one.
+    pub fn ask_now(&self, request: &Service) -> Result<Asked, String> {
+        self.request(request, &[], true)
+    }
+
     /// A request queued now, in order with the calling thread's calls, whose answer is
     /// taken later ([`Asked::answer`]): a question asked ahead of the program's need.
     pub fn ask_ahead(&self, request: &Service) -> Result<Asked, String> {

@@ -555,25 +555,33 @@ pub fn pull(conn: &Conn) {
             None => return,
         }
     };
+    let ask = |bases: &[u64], from: u64| conn.ask_now(&Service::MirrorPull { bases: bases.to_vec(), from }).ok();
     let mut from = 0;
-    loop {
-        let request = Service::MirrorPull { bases: bases.clone(), from };
-        let Ok(ServiceReply::MirrorRuns { changes, next }) = conn.service(&request, &[]) else { return };
-        land(changes);
-        let Some((base, offset)) = next else { return };
-        // The next pull starts further on; a server that names a point behind this one is
-        // not followed (it would never end).
-        match bases.iter().position(|&b| b == base) {
-            Some(0) if offset > from => from = offset,
-            Some(i) if i > 0 => {
-                bases.drain(..i);
-                from = offset;
+    let mut asked = ask(&bases, from);
+    while let Some(answer) = asked.take() {
+        let Ok(ServiceReply::MirrorRuns { changes, next }) = answer.answer() else { return };
+        // The next page is asked for before this one is written here: the server reads and
+        // encodes it meanwhile.
+        if let Some((base, offset)) = next {
+            // The next pull starts further on; a server that names a point behind this one
+            // is not followed (it would never end).
+            match bases.iter().position(|&b| b == base) {
+                Some(0) if offset > from => from = offset,
+                Some(i) if i > 0 => {
+                    bases.drain(..i);
+                    from = offset;
+                }
+                _ => {
+                    tracing::warn!(
+                        "the server's pinned-memory pull named no later point ({base:#x}+{offset}); stopped"
+                    );
+                    land(changes);
+                    return;
+                }
             }
-            _ => {
-                tracing::warn!("the server's pinned-memory pull named no later point ({base:#x}+{offset}); stopped");
-                return;
-            }
+            asked = ask(&bases, from);
         }
+        land(changes);
     }
 }
 

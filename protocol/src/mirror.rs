@@ -271,10 +271,11 @@ fn all_nonzero(x: u64) -> bool {
     top_bits(x) == !LOW
 }
 
-/// Bit `k` set where byte `k` of `x` is not zero.
+/// Bit `k` set where byte `k` of `x` is not zero: each byte's top bit moved to its lowest,
+/// and one multiplication gathers the eight into the top byte (bit `8k` lands on `56 + k`;
+/// no two products share a bit, so nothing carries).
 fn nonzero_bytes(x: u64) -> u8 {
-    let top = top_bits(x);
-    (0..8).fold(0u8, |bits, k| bits | ((top >> (8 * k + 7)) as u8 & 1) << k)
+    ((top_bits(x) >> 7).wrapping_mul(0x0102_0408_1020_4080) >> 56) as u8
 }
 
 /// Bit `k` set where byte `k` of the up to eight bytes differs.
@@ -328,19 +329,7 @@ impl Changes {
             let at = offset + span.start as u64;
             if span.masked() {
                 self.pack(at, span.len as u64, true);
-                for (group_b, group_n) in b.chunks(8).zip(n.chunks(8)) {
-                    let bits = changed_bits(group_b, group_n);
-                    if bits == 0xff {
-                        self.bytes.extend_from_slice(group_n);
-                    } else {
-                        let mut rest = bits;
-                        while rest != 0 {
-                            self.bytes.push(group_n[rest.trailing_zeros() as usize]);
-                            rest &= rest - 1;
-                        }
-                    }
-                    self.mask.push(bits);
-                }
+                self.add_masked(b, n, span.changed);
             } else if span.runs == 1 {
                 self.pack(at, span.len as u64, false);
                 self.bytes.extend_from_slice(n);
@@ -351,6 +340,37 @@ impl Changes {
                 }
             }
         }
+    }
+
+    /// A masked span's bitmap and changed bytes (`changed` of them), `before` and `now` its
+    /// bytes: written in place into room made first, eight bytes at a time.
+    fn add_masked(&mut self, before: &[u8], now: &[u8], changed: usize) {
+        let (mask_at, bytes_at) = (self.mask.len(), self.bytes.len());
+        self.mask.resize(mask_at + now.len().div_ceil(8), 0);
+        // Eight spare bytes: a group's changed bytes are written as a whole word.
+        self.bytes.resize(bytes_at + changed + 8, 0);
+        let (mask, out) = (&mut self.mask[mask_at..], &mut self.bytes[bytes_at..]);
+        let mut at = 0usize;
+        let groups = before.chunks(8).zip(now.chunks(8));
+        for ((group_b, group_n), bits_out) in groups.zip(mask.iter_mut()) {
+            let bits = changed_bits(group_b, group_n);
+            *bits_out = bits;
+            let Some(dst) = out.get_mut(at..at + 8) else { break };
+            if bits == 0xff {
+                dst.copy_from_slice(group_n);
+            } else {
+                let mut rest = bits;
+                for slot in dst.iter_mut() {
+                    if rest == 0 {
+                        break;
+                    }
+                    *slot = group_n[rest.trailing_zeros() as usize];
+                    rest &= rest - 1;
+                }
+            }
+            at += bits.count_ones() as usize;
+        }
+        self.bytes.truncate(bytes_at + at);
     }
 
     fn pack(&mut self, offset: u64, len: u64, masked: bool) {
@@ -455,10 +475,24 @@ pub unsafe fn write_span(span: ChangedSpan, bits: &[u8], data: &[u8], dst: *mut 
     let mut at = 0usize;
     for (g, &b) in bits.iter().enumerate() {
         let group = g * 8;
-        if b == 0xff && group + 8 <= n && at + 8 <= data.len() {
-            // SAFETY: 8 bytes inside the span, and 8 of data (both checked).
-            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr().add(at), dst.add(group), 8) };
-            at += 8;
+        if group + 8 <= n && at + 8 <= data.len() {
+            // A whole group inside the span with eight bytes of data left: at most eight
+            // bytes taken, each written inside the group (both checked once here).
+            if b == 0xff {
+                // SAFETY: 8 bytes inside the span, and 8 of data.
+                unsafe { std::ptr::copy_nonoverlapping(data.as_ptr().add(at), dst.add(group), 8) };
+                at += 8;
+                continue;
+            }
+            let mut rest = b;
+            while rest != 0 {
+                let k = rest.trailing_zeros() as usize;
+                // SAFETY: byte `k` < 8 of the group, inside the span; `at` is below the
+                // eight bytes of data checked (one per set bit).
+                unsafe { dst.add(group + k).write(*data.get_unchecked(at)) };
+                at += 1;
+                rest &= rest - 1;
+            }
             continue;
         }
         let mut rest = b;
@@ -688,6 +722,13 @@ mod tests {
             assert!(!all_nonzero(!(0xff << (8 * k))));
         }
         assert!(all_nonzero(0x0101_0101_0101_0101) && all_nonzero(u64::MAX) && !all_nonzero(0));
+        // Every pattern of changed bytes, each changed byte one of several values.
+        for pattern in 0..=255u8 {
+            for value in [1u8, 0x7f, 0x80, 0xff, 0x5a] {
+                let x = (0..8).filter(|k| pattern >> k & 1 == 1).fold(0u64, |x, k| x | u64::from(value) << (8 * k));
+                assert_eq!(nonzero_bytes(x), pattern, "{x:#x}");
+            }
+        }
     }
 
     /// A change larger than a frame: the encoded size is what the fields hold, and one
