@@ -152,8 +152,23 @@ pub fn register_exit_report() {
 
 extern "C" fn report() {
     let _ = std::panic::catch_unwind(|| {
-        let mut done = WRITTEN_AT_EXIT.lock().unwrap_or_else(|p| p.into_inner());
-        *done = true;
+        // A child forked while the interim thread held the lock never sees it released (the
+        // thread is not in the child): after a second, the table is written without it.
+        for _ in 0..200 {
+            match WRITTEN_AT_EXIT.try_lock() {
+                Ok(mut done) => {
+                    *done = true;
+                    write(&table());
+                    return;
+                }
+                Err(std::sync::TryLockError::Poisoned(p)) => {
+                    *p.into_inner() = true;
+                    write(&table());
+                    return;
+                }
+                Err(std::sync::TryLockError::WouldBlock) => std::thread::sleep(std::time::Duration::from_millis(5)),
+            }
+        }
         write(&table());
     });
 }
