@@ -354,8 +354,10 @@ impl Changes {
         let groups = before.chunks(8).zip(now.chunks(8));
         for ((group_b, group_n), bits_out) in groups.zip(mask.iter_mut()) {
             let bits = changed_bits(group_b, group_n);
-            *bits_out = bits;
+            // `changed` counts the span's changed bytes, so there is always room; were it
+            // short, the groups after would stay unmarked, never marked without their bytes.
             let Some(dst) = out.get_mut(at..at + 8) else { break };
+            *bits_out = bits;
             if bits == 0xff {
                 dst.copy_from_slice(group_n);
             } else {
