@@ -45,9 +45,14 @@ const SHARED_HASHING: usize = 8 << 20;
 /// that cannot be started is hashed here).
 fn hash_chunks(bytes: &[u8]) -> Vec<u64> {
     let serial = |b: &[u8]| b.chunks(CHUNK).map(hash).collect::<Vec<u64>>();
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if bytes.len() < SHARED_HASHING {
+        return serial(bytes);
+    }
+    // Asked once: the answer reads the process's CPU set and cgroup quota.
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let cores = *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let threads = cores.min(8).min(bytes.len() / (SHARED_HASHING / 2));
-    if bytes.len() < SHARED_HASHING || threads < 2 {
+    if threads < 2 {
         return serial(bytes);
     }
     let per = bytes.len().div_ceil(CHUNK).div_ceil(threads) * CHUNK;

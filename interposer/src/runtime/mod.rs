@@ -251,18 +251,18 @@ pub unsafe fn call(desc: &'static CallDesc, args: &[u64]) -> u64 {
 fn mirror_devices(conn: &Conn, desc: &CallDesc, args: &[u64], named: Option<&[(u64, u64)]>) {
     // A kernel may be waiting for the program to write mirrored memory (a flag it sets
     // before it synchronizes, as NVIDIA's UnifiedMemoryPerf does): the write goes first.
-    if crate::mirror::pending() && facts(desc).waits_for_gpu {
+    let f = facts(desc);
+    if crate::mirror::pending() && f.waits_for_gpu {
         crate::mirror::before_wait(conn);
     }
-    let reach = facts(desc).reach;
     match named {
-        Some(windows) => crate::mirror::prepare(conn, windows.iter().map(|&(a, n)| (a, Some(n))), reach),
+        Some(windows) => crate::mirror::prepare(conn, windows.iter().map(|&(a, n)| (a, Some(n))), f.reach),
         None => {
             let devices = desc.params.iter().zip(args).filter(|(w, _)| matches!(w, Wire::Device));
-            crate::mirror::prepare(conn, devices.map(|(_, &a)| (a, None)), reach)
+            crate::mirror::prepare(conn, devices.map(|(_, &a)| (a, None)), f.reach)
         }
     };
-    if facts(desc).graph_launch {
+    if f.graph_launch {
         if crate::mirror::active() {
             crate::mirror::prepare_graph(conn);
         }
